@@ -1,0 +1,64 @@
+// Micro-benchmarks of the hot CPU kernels, reported as FLOP/s or bytes/s:
+//   build/bench/ampdist_bench_kernels --benchmark_counters_tabular=true
+// GEMMs by input dtype show the cost of the tensor-core contract on the CPU (exact conversion to FP32, sgemm,
+// one rounding); the passes over flat buffers are memory-bound and read as bytes/s.
+#include <benchmark/benchmark.h>
+
+#include "runtime/kernels/kernels.h"
+
+namespace {
+
+using ampdist::DType;
+using ampdist::Tensor;
+
+Tensor filled(const ampdist::Shape& shape, DType dtype, float value) {
+  Tensor f = Tensor::empty(shape, DType::kFloat32);
+  float* p = f.data_as<float>();
+  for (int64_t i = 0; i < f.numel(); ++i) p[i] = value * static_cast<float>((i % 17) - 8);
+  Tensor t = Tensor::empty(shape, dtype);
+  ampdist::kernels::cast(f, t);
+  return t;
+}
+
+void BM_Gemm(benchmark::State& state, DType dtype) {
+  const int64_t n = state.range(0);
+  ampdist::kernels::set_num_threads(1);
+  Tensor a = filled({n, n}, dtype, 0.01f), b = filled({n, n}, dtype, 0.02f);
+  Tensor c = Tensor::empty({n, n}, dtype);
+  for (auto _ : state) ampdist::kernels::gemm(a, false, b, true, c);
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK_CAPTURE(BM_Gemm, fp32, DType::kFloat32)->Arg(256)->Arg(512);
+BENCHMARK_CAPTURE(BM_Gemm, fp16, DType::kFloat16)->Arg(256)->Arg(512);
+BENCHMARK_CAPTURE(BM_Gemm, bf16, DType::kBFloat16)->Arg(256)->Arg(512);
+
+void BM_CastToWorking(benchmark::State& state, DType dtype) {
+  const int64_t n = state.range(0);
+  Tensor master = filled({n}, DType::kFloat32, 0.1f), working = Tensor::empty({n}, dtype);
+  for (auto _ : state) ampdist::kernels::cast(master, working);
+  state.SetBytesProcessed(state.iterations() * n * (4 + 2));
+}
+BENCHMARK_CAPTURE(BM_CastToWorking, fp16, DType::kFloat16)->Arg(1 << 20)->Arg(1 << 24);
+BENCHMARK_CAPTURE(BM_CastToWorking, bf16, DType::kBFloat16)->Arg(1 << 20)->Arg(1 << 24);
+
+void BM_UnscaleAndCheck(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Tensor g = filled({n}, DType::kFloat32, 1.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(ampdist::kernels::unscale_and_check(g, 1.0f));
+  state.SetBytesProcessed(state.iterations() * n * 8);  // read + write
+}
+BENCHMARK(BM_UnscaleAndCheck)->Arg(1 << 20)->Arg(1 << 24);
+
+void BM_AdamW(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Tensor p = filled({n}, DType::kFloat32, 0.1f), g = filled({n}, DType::kFloat32, 0.01f);
+  Tensor m = Tensor::zeros({n}, DType::kFloat32), v = Tensor::zeros({n}, DType::kFloat32);
+  int64_t step = 0;
+  for (auto _ : state) ampdist::kernels::adamw_step(p, g, m, v, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, ++step});
+  state.SetBytesProcessed(state.iterations() * n * 4 * 7);  // read p, g, m, v; write p, m, v
+}
+BENCHMARK(BM_AdamW)->Arg(1 << 20)->Arg(1 << 24);
+
+}  // namespace
+
+BENCHMARK_MAIN();

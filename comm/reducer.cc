@@ -1,0 +1,139 @@
+#include "comm/reducer.h"
+
+#include "runtime/kernels/kernels.h"
+#include "runtime/nn/module.h"
+
+namespace ampdist {
+
+std::vector<BucketLayout> plan_buckets(std::span<Parameter* const> params, int64_t bucket_cap_bytes,
+                                       int64_t elem_bytes) {
+  std::vector<BucketLayout> buckets;
+  int64_t bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    const Parameter& p = *params[i];
+    const int64_t pbytes = p.numel() * elem_bytes;
+    if (buckets.empty() || (bytes > 0 && bytes + pbytes > bucket_cap_bytes)) {
+      buckets.push_back(BucketLayout{p.offset + p.numel(), p.offset + p.numel(), {}});
+      bytes = 0;
+    }
+    BucketLayout& b = buckets.back();
+    if (p.offset + p.numel() != b.begin) throw Error("plan_buckets: parameters are not laid out back to back");
+    b.begin = p.offset;
+    b.params.push_back(p.index);
+    bytes += pbytes;
+  }
+  return buckets;
+}
+
+std::vector<int64_t> shard_counts(int64_t n, int world_size) {
+  std::vector<int64_t> c(world_size, n / world_size);
+  for (int r = 0; r < n % world_size; ++r) ++c[r];
+  return c;
+}
+
+Reducer::Reducer(Communicator& comm, Tensor grads, std::span<Parameter* const> params, int64_t bucket_cap_bytes,
+                 DType reduce_dtype, Mode mode)
+    : comm_(comm), grads_(std::move(grads)), reduce_dtype_(reduce_dtype), mode_(mode) {
+  buckets_ = plan_buckets(params, bucket_cap_bytes, static_cast<int64_t>(dtype_size(reduce_dtype)));
+  bucket_of_param_.assign(params.size(), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (int p : buckets_[b].params) bucket_of_param_.at(p) = static_cast<int>(b);
+  pending_.assign(buckets_.size(), 0);
+  works_.resize(buckets_.size());
+  staging_.resize(buckets_.size());
+  counts_.resize(buckets_.size());
+  const int rank = comm_.rank();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const int64_t n = buckets_[b].end - buckets_[b].begin;
+    counts_[b] = shard_counts(n, comm_.world_size());
+    if (mode_ == Mode::kAllreduce) {
+      if (reduce_dtype_ != DType::kFloat32) staging_[b] = Tensor::zeros({n}, reduce_dtype_);
+    } else {
+      // 16-bit: the bucket's 16-bit copy followed by the received shard, in one allocation.
+      const int64_t extra = reduce_dtype_ != DType::kFloat32 ? n : 0;
+      staging_[b] = Tensor::zeros({extra + counts_[b][rank]}, reduce_dtype_);
+      int64_t displ = 0;
+      for (int r = 0; r < rank; ++r) displ += counts_[b][r];
+      owned_.push_back({buckets_[b].begin + displ, counts_[b][rank]});
+    }
+  }
+  if (mode_ == Mode::kAllreduce) owned_.push_back({0, grads_.numel()});
+}
+
+void Reducer::begin_backward(bool final_micro_batch) {
+  final_ = final_micro_batch;
+  if (!final_) return;
+  next_launch_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = static_cast<int>(buckets_[b].params.size());
+}
+
+void Reducer::mark_ready(const Parameter& p) {
+  if (!final_) return;
+  const int b = bucket_of_param_.at(p.index);
+  if (--pending_[b] < 0) throw Error("Reducer: gradient of " + p.name + " marked ready twice in one backward");
+  while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) launch(next_launch_++);
+}
+
+void Reducer::launch(size_t b) {
+  const BucketLayout& bucket = buckets_[b];
+  const int64_t n = bucket.end - bucket.begin;
+  Tensor g = Tensor::view(grads_.data_as<float>() + bucket.begin, {n}, DType::kFloat32);
+  const std::string what = "bucket " + std::to_string(b) + (mode_ == Mode::kAllreduce ? " all-reduce" : " reduce-scatter");
+  if (mode_ == Mode::kAllreduce) {
+    if (reduce_dtype_ == DType::kFloat32) {
+      works_[b] = comm_.allreduce_async(g.data(), n, DType::kFloat32, ReduceOp::kSum, what);
+    } else {
+      kernels::cast(g, staging_[b]);
+      works_[b] = comm_.allreduce_async(staging_[b].data(), n, reduce_dtype_, ReduceOp::kSum, what);
+    }
+  } else {
+    const size_t esize = dtype_size(reduce_dtype_);
+    const void* send = g.data();
+    char* recv = static_cast<char*>(staging_[b].data());
+    if (reduce_dtype_ != DType::kFloat32) {
+      Tensor copy16 = staging_[b].rows(0, n);
+      kernels::cast(g, copy16);
+      send = copy16.data();
+      recv += n * esize;
+    }
+    works_[b] = comm_.reduce_scatter_async(send, recv, counts_[b], reduce_dtype_, what);
+  }
+  ++launches_;
+}
+
+void Reducer::wait() {
+  if (!final_) throw Error("Reducer::wait() after a non-final micro-batch");
+  while (next_launch_ < buckets_.size()) launch(next_launch_++);
+  const int rank = comm_.rank();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    works_[b]->wait();
+    works_[b].reset();
+    const BucketLayout& bucket = buckets_[b];
+    const int64_t n = bucket.end - bucket.begin;
+    if (mode_ == Mode::kAllreduce) {
+      if (reduce_dtype_ != DType::kFloat32) {
+        Tensor g = Tensor::view(grads_.data_as<float>() + bucket.begin, {n}, DType::kFloat32);
+        kernels::cast(staging_[b], g);
+      }
+    } else {
+      const GradSpan& own = owned_[b];
+      Tensor dst = Tensor::view(grads_.data_as<float>() + own.begin, {own.count}, DType::kFloat32);
+      const int64_t skip = reduce_dtype_ != DType::kFloat32 ? n : 0;
+      kernels::cast(staging_[b].rows(skip, skip + counts_[b][rank]), dst);
+    }
+  }
+  final_ = false;
+}
+
+void Reducer::gather() {
+  if (mode_ != Mode::kReduceScatter) return;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    works_[b] = comm_.allgather_inplace_async(grads_.data_as<float>() + buckets_[b].begin, counts_[b],
+                                              DType::kFloat32, "bucket " + std::to_string(b) + " all-gather");
+  for (auto& w : works_) {
+    w->wait();
+    w.reset();
+  }
+}
+
+}  // namespace ampdist

@@ -1,0 +1,91 @@
+// Reducer: gradient buckets and their reduction across ranks, overlapped with backward (PyTorch DDP's design).
+//
+// Buckets are contiguous ranges of the flat FP32 gradient buffer, filled in reverse registration order (the order
+// backward produces gradients) up to `bucket_cap_bytes` of the reduce dtype each; a parameter larger than the cap
+// gets a bucket of its own. During the last micro-batch of a step, a bucket's collective is launched as soon as all
+// its parameters' gradients are final, in bucket order (identical on every rank); earlier micro-batches only
+// accumulate locally. wait() completes them all.
+//
+// Reduce dtype FP32: the bucket is summed in place. fp16/bf16: it is cast to a 16-bit staging buffer, summed with
+// rounding after every addition, and cast back.
+//
+// Modes: kAllreduce leaves the whole summed gradient on every rank. kReduceScatter leaves on each rank only its
+// shard of each bucket (owned()); after the step's consensus, gather() all-gathers the shards (FP32), and only for
+// steps that are applied.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/core/tensor.h"
+
+namespace ampdist {
+
+struct Parameter;
+
+struct BucketLayout {
+  int64_t begin = 0, end = 0;  // element range [begin, end) of the flat gradient buffer
+  std::vector<int> params;     // parameter indices, in the order backward makes them ready
+};
+
+// A bucket plan: parameters given as (index, offset, numel) in registration order and laid out back to back.
+// elem_bytes: bytes per element of the reduce dtype.
+std::vector<BucketLayout> plan_buckets(std::span<Parameter* const> params, int64_t bucket_cap_bytes,
+                                       int64_t elem_bytes);
+
+// Element counts of each rank's shard of n elements: n / W each, the first n % W ranks one more.
+std::vector<int64_t> shard_counts(int64_t n, int world_size);
+
+struct GradSpan {
+  int64_t begin = 0, count = 0;
+};
+
+class Reducer {
+ public:
+  enum class Mode { kAllreduce, kReduceScatter };
+
+  // grads: the flat FP32 gradient buffer [numel]; params: registration order, with offsets set.
+  Reducer(Communicator& comm, Tensor grads, std::span<Parameter* const> params, int64_t bucket_cap_bytes,
+          DType reduce_dtype, Mode mode);
+
+  const std::vector<BucketLayout>& buckets() const { return buckets_; }
+  Mode mode() const { return mode_; }
+
+  // Before each micro-batch's backward. final: the step's last micro-batch, whose gradients are reduced.
+  void begin_backward(bool final_micro_batch);
+  // A parameter's gradient is final for this micro-batch (GradContext::on_grad_ready).
+  void mark_ready(const Parameter& p);
+  // Launches any bucket not launched yet and waits for all. Must follow a final micro-batch's backward.
+  void wait();
+  // The ranges of the flat gradient buffer this rank holds fully reduced after wait(): [0, numel) in allreduce
+  // mode, this rank's shard of each bucket in reduce-scatter mode.
+  const std::vector<GradSpan>& owned() const { return owned_; }
+  // Reduce-scatter mode: all-gathers every bucket's shards, so each rank holds the whole gradient. No-op otherwise.
+  void gather();
+
+  // Bucket collectives launched so far (tests check one set per optimizer step).
+  int64_t launches() const { return launches_; }
+
+ private:
+  void launch(size_t b);
+
+  Communicator& comm_;
+  Tensor grads_;
+  DType reduce_dtype_;
+  Mode mode_;
+  std::vector<BucketLayout> buckets_;
+  std::vector<int> bucket_of_param_;
+  std::vector<int> pending_;  // params not yet ready, per bucket
+  std::vector<std::unique_ptr<Work>> works_;
+  std::vector<Tensor> staging_;  // per bucket: 16-bit copy (allreduce) or received shard (reduce-scatter)
+  std::vector<std::vector<int64_t>> counts_;  // per bucket: shard counts (reduce-scatter)
+  std::vector<GradSpan> owned_;
+  size_t next_launch_ = 0;
+  bool final_ = false;
+  int64_t launches_ = 0;
+};
+
+}  // namespace ampdist

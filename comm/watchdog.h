@@ -1,0 +1,42 @@
+// Watchdog: bounds every wait on a collective by a timeout.
+//
+// A background thread checks the armed deadline every 100 ms. When a wait outlives it, the watchdog prints one line
+// ("ampdist: error: [rank 3] step 120: bucket 2 all-reduce did not complete within 600 s; ...") and ends the
+// process with exit code 1; mpirun and srun then stop the other ranks. It does not call into MPI from its thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace ampdist {
+
+class Watchdog {
+ public:
+  Watchdog(int rank, double timeout_s);
+  ~Watchdog();
+
+  void set_timeout(double timeout_s);
+  void set_context(const std::string& context);
+  void set_rank(int rank) { rank_ = rank; }
+  // Marks the start and end of one wait. Not reentrant: one collective wait at a time per process.
+  void arm(const std::string& what);
+  void disarm();
+
+ private:
+  void run();
+
+  std::atomic<int> rank_;
+  double timeout_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string context_, what_;
+  bool armed_ = false, stop_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  std::thread thread_;
+};
+
+}  // namespace ampdist

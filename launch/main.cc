@@ -1,0 +1,55 @@
+// The `ampdist` program: `ampdist train --config run.pbtxt`, alone, under mpirun or under srun.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "comm/bootstrap.h"
+#include "comm/mpi_communicator.h"
+#include "launch/train_command.h"
+#include "runtime/core/error.h"
+
+int main(int argc, char** argv) {
+  std::unique_ptr<ampdist::MpiRuntime> mpi;
+  try {
+    mpi = std::make_unique<ampdist::MpiRuntime>(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampdist: error: %s\n", e.what());
+    return 1;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+
+  CLI::App app{"ampdist: data-parallel mixed-precision training", "ampdist"};
+  app.require_subcommand(1);
+  ampdist::TrainArgs train;
+  CLI::App* train_cmd = app.add_subcommand("train", "train a model from a config");
+  train_cmd->add_option("--config", train.config, "run config, protobuf text format (.pbtxt)")->required();
+  train_cmd->add_option("--precision", train.precision, "override precision.dtype: fp32, fp16, bf16 or auto");
+  train_cmd->add_option("--set", train.sets, "override one field, e.g. --set optimizer.lr=0.05 (repeatable)");
+  train_cmd->add_option("--run-dir", train.run_dir, "directory for metrics.jsonl (default: log.dir or runs/<name>)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    if (rank == 0) std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    // Every rank sees the same command line: one line from rank 0, exit code 2 everywhere.
+    if (rank == 0) std::fprintf(stderr, "ampdist: error: %s (see ampdist --help)\n", e.what());
+    return 2;
+  }
+
+  int code = 0;
+  try {
+    ampdist::MpiCommunicator comm(MPI_COMM_WORLD);
+    if (train_cmd->parsed()) code = ampdist::run_train_command(train, comm);
+  } catch (const ampdist::Error& e) {
+    std::fprintf(stderr, "ampdist: error: [rank %d] %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, e.exit_code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ampdist: error: [rank %d] %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return code;
+}

@@ -1,0 +1,124 @@
+#include "launch/train_command.h"
+
+#include <spdlog/fmt/fmt.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "launch/rank_env.h"
+#include "runtime/train/config.h"
+#include "runtime/train/loop.h"
+#include "runtime/train/trainer.h"
+
+namespace ampdist {
+namespace {
+
+std::string to_upper(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::toupper(c); });
+  return s;
+}
+
+void print_error(int rank, bool prefix_rank, const std::string& message) {
+  std::fprintf(stderr, "ampdist: error: %s%s\n", prefix_rank ? fmt::format("[rank {}] ", rank).c_str() : "",
+               message.c_str());
+  std::fflush(stderr);
+}
+
+// Every rank reports whether its set-up failed. When any did, the lowest failing rank prints its message (with its
+// rank unless every rank failed alike) and every rank returns the largest exit code. Returns 0 when none failed.
+int agree_on_failure(Communicator& comm, int code, const std::string& message) {
+  const int world = comm.world_size();
+  int64_t v[2] = {code, code ? world - comm.rank() : 0};
+  comm.allreduce_i64(v, ReduceOp::kMax, "set-up status all-reduce");
+  if (v[0] == 0) return 0;
+  int64_t failed[1] = {code ? 1 : 0};
+  comm.allreduce_i64(failed, ReduceOp::kSum, "set-up failure count");
+  const int reporter = world - static_cast<int>(v[1]);
+  if (comm.rank() == reporter) print_error(comm.rank(), failed[0] != world, message);
+  return static_cast<int>(v[0]);
+}
+
+std::string scaler_desc(const LossScaler& s) {
+  switch (s.mode()) {
+    case LossScaler::Mode::kDynamic: return fmt::format("dynamic loss scale {:g}", s.scale());
+    case LossScaler::Mode::kStatic: return fmt::format("static loss scale {:g}", s.scale());
+    case LossScaler::Mode::kNone: break;
+  }
+  return "no loss scaling";
+}
+
+}  // namespace
+
+int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
+  RunConfig cfg;
+  std::unique_ptr<Trainer> trainer;
+  int code = 0;
+  std::string message;
+  try {
+    cfg = parse_config_file(args.config);
+    if (!args.precision.empty()) {
+      const std::string p = to_upper(args.precision);
+      if (p != "FP32" && p != "FP16" && p != "BF16" && p != "AUTO")
+        throw BadInput("--precision", "expected fp32, fp16, bf16 or auto, got '" + args.precision + "'");
+      apply_override(cfg, "precision.dtype=" + p);
+    }
+    for (const std::string& s : args.sets) apply_override(cfg, s);
+    validate_config(cfg, args.config);
+    comm.set_timeout(cfg.comm().timeout_s());
+    trainer = make_trainer(cfg, comm);
+  } catch (const Error& e) {
+    code = e.exit_code();
+    message = e.what();
+  } catch (const std::exception& e) {
+    code = 1;
+    message = e.what();
+  }
+  if (int rc = agree_on_failure(comm, code, message)) return rc;
+
+  const bool rank0 = comm.rank() == 0;
+  const std::string run_dir = !args.run_dir.empty()      ? args.run_dir
+                              : !cfg.log().dir().empty() ? cfg.log().dir()
+                                                         : "runs/" + cfg.name();
+  if (rank0) {
+    const int64_t params = trainer->masters().numel();
+    std::cout << fmt::format("ampdist train: {} | world size {} ({}) | {} | {}\n", cfg.name(), comm.world_size(),
+                             describe_launcher(), dtype_name(trainer->working_dtype()), scaler_desc(trainer->scaler()));
+    std::cout << fmt::format(
+        "model: {} parameters, {} gradient buckets | global batch {} = {} ranks x {} micro-batches x {} | {} steps "
+        "({} per epoch) | run dir {}\n",
+        params, trainer->reducer().buckets().size(), cfg.data().global_batch_size(), comm.world_size(),
+        cfg.optimizer().accumulation_steps(), trainer->micro_batch_size(), trainer->total_steps(),
+        trainer->steps_per_epoch(), run_dir);
+    const std::string mismatch = launcher_mismatch(comm.world_size());
+    if (!mismatch.empty()) std::cout << "warning: " << mismatch << "\n";
+    std::cout << std::flush;
+  }
+
+  RunSummary s;
+  try {
+    LoopOptions opt;
+    opt.run_dir = run_dir;
+    opt.out = rank0 ? &std::cout : nullptr;
+    // One progress line rewritten in place only for a lone process on a terminal: under mpirun a rank's stdout can
+    // be a pty even when the user's is a file, so launched ranks print plain lines.
+    opt.tty = rank0 && comm.world_size() == 1 && describe_launcher() == "single process" && isatty(STDOUT_FILENO);
+    s = run_training(*trainer, opt);
+  } catch (const std::exception& e) {
+    const Error* err = dynamic_cast<const Error*>(&e);
+    print_error(comm.rank(), comm.world_size() > 1, e.what());
+    comm.abort(err ? err->exit_code() : 1);
+  }
+  if (rank0) {
+    std::cout << fmt::format("test accuracy: {:.4f} ({}/{})\n", s.test_accuracy, s.test_correct, s.test_samples);
+    std::cout << fmt::format("samples/s: {:.1f} ({} steps in {:.1f} s of training)\n", s.samples_per_s, s.steps,
+                             s.train_seconds);
+    std::cout << fmt::format("skipped steps: {}\n", s.skipped_steps);
+    std::cout << fmt::format("final loss scale: {:g}\n", s.final_scale);
+    std::cout << fmt::format("master weights hash: {}\n", hex16(s.master_hash)) << std::flush;
+  }
+  return 0;
+}
+
+}  // namespace ampdist

@@ -1,0 +1,57 @@
+// LossScaler: the loss scale S and its update rule.
+//
+// Dynamic (torch.cuda.amp.GradScaler semantics, with Megatron-LM's hysteresis and minimum):
+//   found_inf:  growth_tracker = 0; hysteresis_tracker -= 1;
+//               if hysteresis_tracker <= 0: S *= backoff_factor (error if S would fall below min_scale)
+//               (the tracker is refilled only by a growth, as in Megatron-LM)
+//   clean:      growth_tracker += 1; if growth_tracker == growth_interval: S *= growth_factor, growth_tracker = 0,
+//               hysteresis_tracker = hysteresis
+// Defaults: S = 65536, x2 after 2000 consecutive clean steps, x0.5 on every overflow, min_scale 1.
+// Static: S fixed. None: S = 1 (bf16, fp32). In every mode an overflowing step is skipped and counted.
+//
+// update() must be called with the flag every rank agreed on (Consensus), so that every rank's scaler takes the
+// same path; it never looks at local data.
+#pragma once
+
+#include <cstdint>
+
+#include "ampdist/config.pb.h"
+
+namespace ampdist {
+
+struct LossScalerState {
+  float scale = 1.0f;
+  int64_t growth_tracker = 0;      // consecutive clean steps since the last growth or overflow
+  int32_t hysteresis_tracker = 1;  // overflows left before the next backoff
+  int64_t skipped_steps = 0;       // overflowing steps so far
+  bool operator==(const LossScalerState&) const = default;
+};
+
+class LossScaler {
+ public:
+  enum class Mode { kDynamic, kStatic, kNone };
+
+  static LossScaler dynamic(const DynamicLossScaleConfig& cfg);
+  static LossScaler fixed(float scale);  // static loss scale
+  static LossScaler none();
+  // From precision.loss_scale, defaulting by dtype (dynamic for fp16, none otherwise).
+  static LossScaler from_config(const PrecisionConfig& cfg, DTypeName resolved_dtype);
+
+  Mode mode() const { return mode_; }
+  float scale() const { return state_.scale; }
+  float inv_scale() const { return 1.0f / state_.scale; }
+  const LossScalerState& state() const { return state_; }
+  void set_state(const LossScalerState& s) { state_ = s; }
+  int64_t updates() const { return updates_; }  // number of update() calls (one per optimizer step)
+
+  // Applies the rule above. Throws ampdist::Error when a backoff would take the scale below min_scale.
+  void update(bool found_inf);
+
+ private:
+  Mode mode_ = Mode::kNone;
+  DynamicLossScaleConfig cfg_;
+  LossScalerState state_;
+  int64_t updates_ = 0;
+};
+
+}  // namespace ampdist

@@ -1,0 +1,107 @@
+#include "runtime/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace ampdist {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+static void check_shape(const Shape& shape) {
+  for (int64_t d : shape)
+    if (d < 0) throw Error("tensor shape " + shape_str(shape) + " has a negative dimension");
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape);
+  if (device != Device::kCPU) throw Error("Tensor::empty: this build has no CUDA backend");
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  // 64-byte alignment for vector loads; never a zero-size allocation so data() is non-null.
+  size_t bytes = std::max<size_t>(t.nbytes(), 1);
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw Error("out of host memory allocating " + std::to_string(rounded) + " bytes");
+  t.storage_ = std::shared_ptr<void>(p, std::free);
+  t.capacity_bytes_ = rounded;
+  t.data_ = p;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::view(void* data, const Shape& shape, DType dtype, Device device) {
+  check_shape(shape);
+  Tensor t;
+  t.data_ = data;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  return t;
+}
+
+void Tensor::ensure(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape);
+  size_t need = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  if (storage_ && device == device_ && need <= capacity_bytes_ && data_ == storage_.get()) {
+    shape_ = shape;
+    dtype_ = dtype;
+    return;
+  }
+  *this = empty(shape, dtype, device);
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  if (shape_.empty() || begin < 0 || end < begin || end > shape_[0])
+    throw Error("Tensor::rows(" + std::to_string(begin) + ", " + std::to_string(end) + ") out of range for " +
+                shape_str(shape_));
+  Tensor t = *this;
+  int64_t row = shape_numel(shape_) / std::max<int64_t>(shape_[0], 1);
+  t.data_ = static_cast<char*>(data_) + begin * row * dtype_size(dtype_);
+  t.shape_[0] = end - begin;
+  t.capacity_bytes_ = 0;  // a row view never grows in place
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (shape_numel(shape) != numel())
+    throw Error("Tensor::reshape " + shape_str(shape_) + " -> " + shape_str(shape) + ": element counts differ");
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+float Tensor::item(int64_t i) const {
+  if (device_ != Device::kCPU) throw Error("Tensor::item on a device tensor");
+  if (i < 0 || i >= numel()) throw Error("Tensor::item index out of range");
+  return dispatch_dtype(dtype_, [&](auto tag) {
+    using T = decltype(tag);
+    return static_cast<float>(static_cast<const T*>(data_)[i]);
+  });
+}
+
+void Tensor::check_type(DType t) const {
+  if (t != dtype_)
+    throw Error(std::string("tensor holds ") + dtype_name(dtype_) + ", accessed as " + dtype_name(t));
+}
+
+}  // namespace ampdist

@@ -1,0 +1,311 @@
+// CPU backend of kernels.h: OpenBLAS for GEMMs, plain loops over kernels/math.h for everything element-wise.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/math.h"
+
+namespace ampdist::kernels {
+namespace {
+
+void require_cpu(const char* op, const Tensor& t) {
+  if (t.device() != Device::kCPU) throw Error(std::string(op) + ": tensor on " + device_name(t.device()) +
+                                              ", this build has only the CPU backend");
+}
+
+void require_numel(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel())
+    throw Error(std::string(op) + ": element counts differ: " + shape_str(a.shape()) + " vs " + shape_str(b.shape()));
+}
+
+template <typename T> inline float to_f(T x) { return static_cast<float>(x); }
+template <typename T> inline T from_f(float x) { return static_cast<T>(x); }
+
+// Converts a 16-bit (or FP32) host tensor to a FP32 scratch buffer owned by the calling thread, or returns its
+// data unchanged when it already is FP32. Scratch grows to the largest request and is then reused.
+const float* as_fp32(const Tensor& t, std::vector<float>& scratch) {
+  if (t.dtype() == DType::kFloat32) return t.data_as<float>();
+  scratch.resize(std::max<size_t>(scratch.size(), t.numel()));
+  dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(t.data());
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) scratch[i] = to_f(s[i]);
+  });
+  return scratch.data();
+}
+
+}  // namespace
+
+void cast(const Tensor& src, Tensor& dst) {
+  require_cpu("cast", src);
+  require_cpu("cast", dst);
+  require_numel("cast", src, dst);
+  if (src.dtype() == dst.dtype()) {
+    if (src.data() != dst.data()) std::memcpy(dst.data(), src.data(), src.nbytes());
+    return;
+  }
+  dispatch_dtype(src.dtype(), [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_dtype(dst.dtype(), [&](auto dtag) {
+      using D = decltype(dtag);
+      const S* s = static_cast<const S*>(src.data());
+      D* d = static_cast<D*>(dst.data());
+      for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = from_f<D>(to_f(s[i]));
+    });
+  });
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+          const Tensor* bias) {
+  require_cpu("gemm", a);
+  require_cpu("gemm", b);
+  require_cpu("gemm", c);
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2)
+    throw Error("gemm: expected 2-d tensors, got " + shape_str(a.shape()) + ", " + shape_str(b.shape()) + ", " +
+                shape_str(c.shape()));
+  if (a.dtype() != b.dtype())
+    throw Error(std::string("gemm: A is ") + dtype_name(a.dtype()) + " but B is " + dtype_name(b.dtype()));
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0);
+  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+  const int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  if (k != kb || c.dim(0) != m || c.dim(1) != n)
+    throw Error("gemm: shapes do not match: op(A) [" + std::to_string(m) + ", " + std::to_string(k) + "], op(B) [" +
+                std::to_string(kb) + ", " + std::to_string(n) + "], C " + shape_str(c.shape()));
+  if (beta != 0.0f && c.dtype() != DType::kFloat32) throw Error("gemm: beta != 0 needs an FP32 output");
+  if (c.dtype() != DType::kFloat32 && c.dtype() != a.dtype())
+    throw Error(std::string("gemm: output dtype ") + dtype_name(c.dtype()) + " is neither FP32 nor the inputs' " +
+                dtype_name(a.dtype()));
+  if (bias && (bias->numel() != n))
+    throw Error("gemm: bias " + shape_str(bias->shape()) + " does not match N = " + std::to_string(n));
+  if (m == 0 || n == 0) return;
+
+  thread_local std::vector<float> sa, sb, sc, sbias;
+  const float* fa = as_fp32(a, sa);
+  const float* fb = as_fp32(b, sb);
+  float* fc;
+  if (c.dtype() == DType::kFloat32) {
+    fc = c.data_as<float>();
+  } else {
+    sc.resize(std::max<size_t>(sc.size(), c.numel()));
+    fc = sc.data();
+  }
+  if (k == 0) {
+    for (int64_t i = 0; i < m * n; ++i) fc[i] = beta == 0.0f ? 0.0f : beta * fc[i];
+  } else {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, fa,
+                static_cast<int>(a.dim(1)), fb, static_cast<int>(b.dim(1)), beta, fc, static_cast<int>(n));
+  }
+  if (bias) {
+    const float* fbias = as_fp32(*bias, sbias);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) fc[i * n + j] += fbias[j];
+  }
+  if (c.dtype() != DType::kFloat32) {
+    dispatch_dtype(c.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      T* out = static_cast<T*>(c.data());
+      for (int64_t i = 0; i < m * n; ++i) out[i] = from_f<T>(fc[i]);
+    });
+  }
+}
+
+void sum_rows(const Tensor& x, Tensor& out, float beta) {
+  require_cpu("sum_rows", x);
+  if (x.ndim() != 2 || out.numel() != x.dim(1))
+    throw Error("sum_rows: x " + shape_str(x.shape()) + " and out " + shape_str(out.shape()) + " do not match");
+  float* o = out.data_as<float>();
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  for (int64_t j = 0; j < cols; ++j) o[j] = beta == 0.0f ? 0.0f : beta * o[j];
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x.data());
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) o[j] += to_f(p[i * cols + j]);
+  });
+}
+
+namespace {
+template <typename F>
+void unary(const char* op, const Tensor& x, Tensor& y, F f) {
+  require_cpu(op, x);
+  require_numel(op, x, y);
+  if (x.dtype() != y.dtype()) throw Error(std::string(op) + ": input and output dtypes differ");
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data());
+    T* py = static_cast<T*>(y.data());
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = from_f<T>(f(to_f(px[i])));
+  });
+}
+template <typename F>
+void binary(const char* op, const Tensor& x, const Tensor& dy, Tensor& dx, F f) {
+  require_cpu(op, x);
+  require_numel(op, x, dy);
+  require_numel(op, x, dx);
+  if (x.dtype() != dy.dtype() || x.dtype() != dx.dtype()) throw Error(std::string(op) + ": dtypes differ");
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data());
+    const T* pdy = static_cast<const T*>(dy.data());
+    T* pdx = static_cast<T*>(dx.data());
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) pdx[i] = from_f<T>(f(to_f(px[i]), to_f(pdy[i])));
+  });
+}
+}  // namespace
+
+void relu_forward(const Tensor& x, Tensor& y) { unary("relu", x, y, [](float v) { return math::relu(v); }); }
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  binary("relu_backward", y, dy, dx, [](float v, float d) { return math::relu_backward(v, d); });
+}
+void gelu_forward(const Tensor& x, Tensor& y) { unary("gelu", x, y, [](float v) { return math::gelu(v); }); }
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  binary("gelu_backward", x, dy, dx, [](float v, float d) { return math::gelu_backward(v, d); });
+}
+
+namespace {
+void check_ce(const char* op, const Tensor& logits, std::span<const int32_t> targets) {
+  require_cpu(op, logits);
+  if (logits.ndim() != 2 || static_cast<int64_t>(targets.size()) != logits.dim(0))
+    throw Error(std::string(op) + ": logits " + shape_str(logits.shape()) + " and " +
+                std::to_string(targets.size()) + " targets do not match");
+  const int64_t classes = logits.dim(1);
+  for (size_t i = 0; i < targets.size(); ++i)
+    if (targets[i] < 0 || targets[i] >= classes)
+      throw Error(std::string(op) + ": target " + std::to_string(targets[i]) + " of row " + std::to_string(i) +
+                      " is outside [0, " + std::to_string(classes) + ")",
+                  ErrorKind::kBadInput);
+}
+}  // namespace
+
+double softmax_cross_entropy_forward(const Tensor& logits, std::span<const int32_t> targets, Tensor& lse) {
+  check_ce("softmax_cross_entropy", logits, targets);
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  lse.ensure({rows}, DType::kFloat32);
+  float* plse = lse.data_as<float>();
+  double total = 0.0;
+  dispatch_dtype(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* z = static_cast<const T*>(logits.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* row = z + i * cols;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, to_f(row[j]));
+      float s = 0.0f;
+      for (int64_t j = 0; j < cols; ++j) s += std::exp(to_f(row[j]) - mx);
+      // A row holding NaN or inf gives a non-finite loss here, and the step is skipped by the consensus.
+      float l = mx + std::log(s);
+      plse[i] = l;
+      total += static_cast<double>(l - to_f(row[targets[i]]));
+    }
+  });
+  return total;
+}
+
+void softmax_cross_entropy_backward(const Tensor& logits, std::span<const int32_t> targets, const Tensor& lse,
+                                    float grad_scale, Tensor& dlogits) {
+  check_ce("softmax_cross_entropy_backward", logits, targets);
+  require_numel("softmax_cross_entropy_backward", logits, dlogits);
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  const float* plse = lse.data_as<float>();
+  dispatch_dtype(logits.dtype(), [&](auto in_tag) {
+    using T = decltype(in_tag);
+    dispatch_dtype(dlogits.dtype(), [&](auto out_tag) {
+      using D = decltype(out_tag);
+      const T* z = static_cast<const T*>(logits.data());
+      D* dz = static_cast<D*>(dlogits.data());
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          float p = std::exp(to_f(z[i * cols + j]) - plse[i]);
+          float onehot = j == targets[i] ? 1.0f : 0.0f;
+          dz[i * cols + j] = from_f<D>(grad_scale * (p - onehot));
+        }
+      }
+    });
+  });
+}
+
+int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets) {
+  check_ce("count_correct", logits, targets);
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  int64_t correct = 0;
+  dispatch_dtype(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* z = static_cast<const T*>(logits.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t best = 0;
+      for (int64_t j = 1; j < cols; ++j)
+        if (to_f(z[i * cols + j]) > to_f(z[i * cols + best])) best = j;
+      correct += best == targets[i];
+    }
+  });
+  return correct;
+}
+
+UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
+  require_cpu("unscale_and_check", grads);
+  float* g = grads.data_as<float>();
+  UnscaleResult r;
+  bool bad = false;
+  double sum_sq = 0.0;
+  for (int64_t i = 0, n = grads.numel(); i < n; ++i) {
+    float v = math::unscale(g[i], inv_scale);
+    g[i] = v;
+    bool finite = math::is_finite(v);
+    bad |= !finite;
+    sum_sq += finite ? static_cast<double>(v) * v : 0.0;
+  }
+  r.found_inf = bad;
+  r.sum_sq = sum_sq;
+  return r;
+}
+
+void scale_inplace(Tensor& x, float factor) {
+  require_cpu("scale_inplace", x);
+  float* p = x.data_as<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] *= factor;
+}
+
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p) {
+  require_cpu("sgd_step", params);
+  require_numel("sgd_step", params, grads);
+  float* w = params.data_as<float>();
+  const float* g = grads.data_as<float>();
+  float dummy = 0.0f;
+  float* buf = p.momentum != 0.0f ? momentum_buf.data_as<float>() : nullptr;
+  if (buf) require_numel("sgd_step", params, momentum_buf);
+  for (int64_t i = 0, n = params.numel(); i < n; ++i)
+    math::sgd_update(w[i], g[i], buf ? buf[i] : dummy, p.lr, p.momentum, p.dampening, p.nesterov, p.weight_decay,
+                     p.first_step);
+}
+
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p) {
+  require_cpu("adamw_step", params);
+  require_numel("adamw_step", params, grads);
+  require_numel("adamw_step", params, m);
+  require_numel("adamw_step", params, v);
+  const float bc1 = static_cast<float>(1.0 - std::pow(p.beta1, static_cast<double>(p.step)));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(p.beta2, static_cast<double>(p.step))));
+  const float b1 = static_cast<float>(p.beta1), omb1 = static_cast<float>(1.0 - p.beta1);
+  const float b2 = static_cast<float>(p.beta2), omb2 = static_cast<float>(1.0 - p.beta2);
+  const float eps = static_cast<float>(p.eps);
+  float* w = params.data_as<float>();
+  const float* g = grads.data_as<float>();
+  float* pm = m.data_as<float>();
+  float* pv = v.data_as<float>();
+  for (int64_t i = 0, n = params.numel(); i < n; ++i)
+    math::adamw_update(w[i], g[i], pm[i], pv[i], p.lr, b1, omb1, b2, omb2, eps, p.weight_decay, bc1, bc2_sqrt);
+}
+
+}  // namespace ampdist::kernels
+
+namespace ampdist::kernels {
+void set_num_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+int num_threads() { return openblas_get_num_threads(); }
+}  // namespace ampdist::kernels

@@ -1,0 +1,82 @@
+// The op families of the runtime, one function each, dispatched on the tensors' device.
+//
+// Implementations: kernels/cpu/ (Eigen + OpenBLAS), kernels/cuda/ when the CUDA backend is built. Each op's
+// per-element arithmetic comes from kernels/math.h. Shapes are row-major; "[B, N]" is B rows of N elements.
+// Every function throws ampdist::Error on a shape, dtype or device mismatch, naming the op.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "runtime/core/tensor.h"
+
+namespace ampdist::kernels {
+
+// ---- casts ---------------------------------------------------------------------------------------------------
+// dst[i] = src[i] converted (round to nearest even; inf, NaN and subnormals kept). Same numel, any dtypes.
+void cast(const Tensor& src, Tensor& dst);
+
+// ---- GEMM (the tensor-core contract) ------------------------------------------------------------------------
+// C = alpha * op(A) @ op(B) + beta * C (+ bias broadcast over rows), op(X) = X or X^T.
+// op(A): [M, K], op(B): [K, N], C: [M, N]; bias: [N] or undefined.
+// A and B have one dtype (fp32, fp16 or bf16); they are converted exactly to FP32, multiplied with FP32
+// accumulation (cblas_sgemm), and the result, bias included, is rounded once to C's dtype. C may be FP32 (e.g. a
+// weight gradient written straight into the FP32 gradient buffer) or the inputs' dtype. beta != 0 needs FP32 C.
+// K == 0 gives C = beta * C (+ bias).
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
+          float beta = 0.0f, const Tensor* bias = nullptr);
+
+// ---- reductions over rows --------------------------------------------------------------------------------------
+// out[j] = beta * out[j] + sum_i x[i, j], x: [B, N] any dtype, out: [N] FP32, summed in FP32 (bias gradients).
+void sum_rows(const Tensor& x, Tensor& out, float beta);
+
+// ---- activations (element-wise; output keeps the input's dtype, math in FP32) --------------------------------
+void relu_forward(const Tensor& x, Tensor& y);
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // from the forward output y
+void gelu_forward(const Tensor& x, Tensor& y);
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);  // from the forward input x
+
+// ---- softmax cross-entropy (always FP32 arithmetic) -----------------------------------------------------------
+// logits: [B, C] any dtype; targets: B class indices in [0, C). Returns sum_i (logsumexp(z_i) - z_i[t_i]) with
+// each row in FP32 (max-subtracted) and the sum over rows in double, so a sum beyond the fp16 range is exact
+// enough; writes each row's probabilities' log-sum-exp to lse [B] FP32 for the backward.
+// Throws Error (bad input) naming the row when a target is out of range.
+double softmax_cross_entropy_forward(const Tensor& logits, std::span<const int32_t> targets, Tensor& lse);
+// dlogits[i, c] = grad_scale * (softmax(z_i)[c] - [c == t_i]), computed in FP32, rounded once to dlogits' dtype.
+void softmax_cross_entropy_backward(const Tensor& logits, std::span<const int32_t> targets, const Tensor& lse,
+                                    float grad_scale, Tensor& dlogits);
+// Row-wise argmax of logits [B, C] compared with targets: number of rows where they agree.
+int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets);
+
+// ---- mixed precision -------------------------------------------------------------------------------------------
+struct UnscaleResult {
+  bool found_inf = false;  // any element inf or NaN after unscaling
+  double sum_sq = 0.0;     // sum of squares of the unscaled finite elements (for the global norm)
+};
+// One fused pass: g[i] *= inv_scale, records non-finite elements, accumulates squares. grads: FP32.
+UnscaleResult unscale_and_check(Tensor& grads, float inv_scale);
+// g[i] *= factor (clipping).
+void scale_inplace(Tensor& x, float factor);
+
+// ---- optimizers over flat FP32 buffers (formulas in math.h) ---------------------------------------------------
+struct SgdParams {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov, first_step;
+};
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p);
+
+struct AdamWParams {
+  float lr;
+  double beta1, beta2, eps;  // doubles, as torch.optim.AdamW's Python floats
+  float weight_decay;
+  int64_t step;  // 1-based count including this update
+};
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p);
+
+}  // namespace ampdist::kernels
+
+namespace ampdist::kernels {
+// Threads the CPU kernels (OpenBLAS) use in this process.
+void set_num_threads(int threads);
+int num_threads();
+}  // namespace ampdist::kernels

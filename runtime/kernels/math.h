@@ -1,0 +1,73 @@
+// Per-element formulas shared by the CPU and CUDA backends.
+//
+// Every function here is one element's arithmetic in FP32 and nothing else: no loops, no memory layout, no dtype
+// conversions. The CPU kernels (kernels/cpu/) call them in loops over host memory; the CUDA kernels call the same
+// functions from device code, so the CPU tests check the formulas the GPU runs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define AMPDIST_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define AMPDIST_HOST_DEVICE inline
+#endif
+
+namespace ampdist::math {
+
+AMPDIST_HOST_DEVICE bool is_finite(float x) { return (x - x) == 0.0f; }  // false for inf and NaN, -ffast-math safe
+
+// NaN propagates (as torch.relu): a NaN activation must reach the loss, not turn into 0.
+AMPDIST_HOST_DEVICE float relu(float x) { return x > 0.0f ? x : (x <= 0.0f ? 0.0f : x); }
+// Gradient through ReLU given the forward output y (y > 0 exactly where x > 0).
+AMPDIST_HOST_DEVICE float relu_backward(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+// GELU, tanh approximation (Hendrycks & Gimpel 2016; GPT-2; torch.nn.GELU(approximate="tanh")):
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+AMPDIST_HOST_DEVICE float gelu(float x) {
+  float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+// d gelu(x)/dx * dy, from the forward input x.
+AMPDIST_HOST_DEVICE float gelu_backward(float x, float dy) {
+  float x2 = x * x;
+  float u = kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
+  float t = tanhf(u);
+  float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
+  return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+
+// Unscale one gradient element. The caller ORs !is_finite(result) into found_inf.
+AMPDIST_HOST_DEVICE float unscale(float g, float inv_scale) { return g * inv_scale; }
+
+// SGD with momentum, dampening, Nesterov and L2 weight decay, element-wise exactly as torch.optim.SGD:
+//   g += wd * p;  buf = first ? g : momentum * buf + (1 - dampening) * g;  g = nesterov ? g + momentum * buf : buf;
+//   p -= lr * g.  With momentum == 0 the buffer is not used.
+AMPDIST_HOST_DEVICE void sgd_update(float& p, float g, float& buf, float lr, float momentum, float dampening,
+                                    bool nesterov, float weight_decay, bool first_step) {
+  if (weight_decay != 0.0f) g += weight_decay * p;
+  if (momentum != 0.0f) {
+    buf = first_step ? g : momentum * buf + (1.0f - dampening) * g;
+    g = nesterov ? g + momentum * buf : buf;
+  }
+  p -= lr * g;
+}
+
+// AdamW element-wise exactly as torch.optim.AdamW (Loshchilov & Hutter 2019, decoupled weight decay):
+//   p *= 1 - lr * wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t for step t >= 1.
+// The caller computes 1 - b1, 1 - b2 and the bias corrections in double (PyTorch does so in Python floats).
+AMPDIST_HOST_DEVICE void adamw_update(float& p, float g, float& m, float& v, float lr, float beta1,
+                                      float one_minus_beta1, float beta2, float one_minus_beta2, float eps,
+                                      float weight_decay, float bias_correction1, float bias_correction2_sqrt) {
+  p *= 1.0f - lr * weight_decay;
+  m = beta1 * m + one_minus_beta1 * g;
+  v = beta2 * v + one_minus_beta2 * g * g;
+  float denom = sqrtf(v) / bias_correction2_sqrt + eps;
+  p -= (lr / bias_correction1) * (m / denom);
+}
+
+}  // namespace ampdist::math

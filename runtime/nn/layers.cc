@@ -1,0 +1,146 @@
+#include <cmath>
+
+#include "runtime/kernels/kernels.h"
+#include "runtime/nn/module.h"
+
+namespace ampdist {
+
+namespace {
+// Returns x in `dtype`, casting into `buffer` when it differs (autocast at an op boundary).
+const Tensor& in_dtype(const Tensor& x, DType dtype, Tensor& buffer) {
+  if (x.dtype() == dtype) return x;
+  buffer.ensure(x.shape(), dtype);
+  kernels::cast(x, buffer);
+  return buffer;
+}
+const Tensor kNone;
+}  // namespace
+
+// ---- Sequential ------------------------------------------------------------------------------------------------
+
+Module& Sequential::add(std::unique_ptr<Module> m) {
+  layers_.push_back(std::move(m));
+  return *layers_.back();
+}
+
+void Sequential::collect_parameters(std::vector<Parameter*>& out) {
+  for (auto& l : layers_) l->collect_parameters(out);
+}
+
+const Tensor& Sequential::forward(const Tensor& x) {
+  if (layers_.empty()) return identity_ = x;
+  const Tensor* h = &x;
+  for (auto& l : layers_) h = &l->forward(*h);
+  return *h;
+}
+
+const Tensor& Sequential::backward(const Tensor& dy, GradContext& ctx) {
+  if (layers_.empty()) return identity_ = dy;
+  const bool outer_need = ctx.need_input_grad;
+  const Tensor* g = &dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    ctx.need_input_grad = i > 0 || outer_need;
+    g = &layers_[i]->backward(*g, ctx);
+  }
+  ctx.need_input_grad = outer_need;
+  return *g;
+}
+
+// ---- Linear ----------------------------------------------------------------------------------------------------
+
+Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool bias, const Autocast& autocast)
+    : Module(std::move(name)), in_(in_features), out_(out_features), has_bias_(bias) {
+  if (in_features <= 0 || out_features <= 0)
+    throw Error("Linear " + this->name() + ": features must be positive, got in=" + std::to_string(in_features) +
+                    " out=" + std::to_string(out_features),
+                ErrorKind::kBadInput);
+  dtype_ = autocast.compute_dtype(OpKind::kLinear, this->name(), autocast.working());
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_features));
+  weight_.name = this->name() + ".weight";
+  weight_.shape = {out_features, in_features};
+  weight_.init_bound = bound;
+  bias_.name = this->name() + ".bias";
+  bias_.shape = {out_features};
+  bias_.init_bound = bound;
+}
+
+void Linear::collect_parameters(std::vector<Parameter*>& out) {
+  out.push_back(&weight_);
+  if (has_bias_) out.push_back(&bias_);
+}
+
+const Tensor& Linear::forward(const Tensor& x) {
+  if (x.ndim() != 2 || x.dim(1) != in_)
+    throw Error("Linear " + name() + ": input " + shape_str(x.shape()) + ", expected [B, " + std::to_string(in_) +
+                "]");
+  x_saved_ = in_dtype(x, dtype_, x_cast_);
+  y_.ensure({x.dim(0), out_}, dtype_);
+  const Tensor& w = weight_.weights_for(dtype_);
+  kernels::gemm(x_saved_, false, w, true, y_, 1.0f, 0.0f, has_bias_ ? &bias_.weights_for(dtype_) : nullptr);
+  return y_;
+}
+
+const Tensor& Linear::backward(const Tensor& dy_in, GradContext& ctx) {
+  const Tensor& dy = in_dtype(dy_in, dtype_, dy_cast_);
+  const float beta = ctx.accumulate ? 1.0f : 0.0f;
+  // dW[out, in] = dy^T [out, B] @ x [B, in], accumulated in FP32 straight into the gradient buffer.
+  kernels::gemm(dy, true, x_saved_, false, weight_.grad, 1.0f, beta);
+  if (ctx.on_grad_ready) ctx.on_grad_ready(weight_);
+  if (has_bias_) {
+    kernels::sum_rows(dy, bias_.grad, beta);
+    if (ctx.on_grad_ready) ctx.on_grad_ready(bias_);
+  }
+  if (!ctx.need_input_grad) return kNone;
+  dx_.ensure({dy.dim(0), in_}, dtype_);
+  kernels::gemm(dy, false, weight_.weights_for(dtype_), false, dx_);
+  return dx_;
+}
+
+// ---- Activation ------------------------------------------------------------------------------------------------
+
+Activation::Activation(std::string name, Kind kind, const Autocast& autocast)
+    : Module(std::move(name)),
+      kind_(kind),
+      forced_fp32_(autocast.compute_dtype(kind == Kind::kReLU ? OpKind::kReLU : OpKind::kGELU, this->name(),
+                                          DType::kFloat16) == DType::kFloat32) {}
+
+const Tensor& Activation::forward(const Tensor& x_in) {
+  const Tensor& x = in_dtype(x_in, forced_fp32_ ? DType::kFloat32 : x_in.dtype(), x_cast_);
+  y_.ensure(x.shape(), x.dtype());
+  if (kind_ == Kind::kReLU) {
+    kernels::relu_forward(x, y_);
+    saved_ = y_;  // ReLU's gradient needs only the sign of the output
+  } else {
+    kernels::gelu_forward(x, y_);
+    saved_ = x;
+  }
+  return y_;
+}
+
+const Tensor& Activation::backward(const Tensor& dy_in, GradContext& ctx) {
+  if (!ctx.need_input_grad) return kNone;
+  const Tensor& dy = in_dtype(dy_in, saved_.dtype(), dy_cast_);
+  dx_.ensure(dy.shape(), dy.dtype());
+  if (kind_ == Kind::kReLU)
+    kernels::relu_backward(saved_, dy, dx_);
+  else
+    kernels::gelu_backward(saved_, dy, dx_);
+  return dx_;
+}
+
+// ---- SoftmaxCrossEntropy ----------------------------------------------------------------------------------------
+
+double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int32_t> targets) {
+  logits_ = logits;
+  targets_.assign(targets.begin(), targets.end());
+  correct_ = kernels::count_correct(logits, targets);
+  return kernels::softmax_cross_entropy_forward(logits, targets, lse_);
+}
+
+const Tensor& SoftmaxCrossEntropy::backward(float grad_scale) {
+  dlogits_.ensure(logits_.shape(), logits_.dtype());
+  kernels::softmax_cross_entropy_backward(logits_, targets_, lse_, grad_scale, dlogits_);
+  return dlogits_;
+}
+
+}  // namespace ampdist

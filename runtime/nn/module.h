@@ -1,0 +1,153 @@
+// Modules: layers with an explicit forward and backward, and the parameters they own.
+//
+// A Module owns its activation buffers (sized on the first call, reused after), not its parameter storage:
+// MasterWeights lays every Parameter out in flat buffers and points its views there. The gradient of each
+// parameter is FP32 (a view into the flat gradient buffer), written by the GEMM that computes it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/amp/autocast.h"
+#include "runtime/core/tensor.h"
+
+namespace ampdist {
+
+enum class ParamInit {
+  kZeros,
+  kUniform,  // U(-init_bound, init_bound)
+};
+
+struct Parameter {
+  std::string name;  // "fc1.weight"
+  Shape shape;
+  ParamInit init = ParamInit::kUniform;
+  float init_bound = 0.0f;
+
+  // Set by MasterWeights:
+  int index = -1;       // registration order
+  int64_t offset = -1;  // element offset in the flat buffers
+  Tensor master;        // FP32 view into the master buffer
+  Tensor working;       // view into the working copy (the master buffer itself in an FP32 run)
+  Tensor grad;          // FP32 view into the gradient buffer
+
+  int64_t numel() const { return shape_numel(shape); }
+  // The copy an op computing in `dtype` reads: the working copy, or the FP32 master for an FP32 op.
+  const Tensor& weights_for(DType dtype) const { return dtype == DType::kFloat32 ? master : working; }
+};
+
+// What backward() needs to know beyond dy.
+struct GradContext {
+  // false on the first micro-batch of a step: parameter gradients are written (beta = 0), not added.
+  bool accumulate = false;
+  // false for the first layer of a model: nobody needs dx.
+  bool need_input_grad = true;
+  // Called once a parameter's gradient for this micro-batch is complete (the reducer launches buckets from it).
+  std::function<void(Parameter&)> on_grad_ready;
+};
+
+class Module {
+ public:
+  explicit Module(std::string name) : name_(std::move(name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const std::string& name() const { return name_; }
+
+  // Appends this module's parameters (and its children's) in a fixed order.
+  virtual void collect_parameters(std::vector<Parameter*>& out) {}
+  // x: [B, in] of any dtype. Returns the output [B, out], owned by the module and valid until the next forward.
+  virtual const Tensor& forward(const Tensor& x) = 0;
+  // dy: gradient of the last forward's output, [B, out]. Writes or adds (ctx.accumulate) parameter gradients,
+  // calls ctx.on_grad_ready for each, and returns dx [B, in] (owned by the module), or an empty tensor when
+  // !ctx.need_input_grad.
+  virtual const Tensor& backward(const Tensor& dy, GradContext& ctx) = 0;
+
+ private:
+  std::string name_;
+};
+
+// Modules applied in order. Layers read the Autocast only while they are constructed.
+class Sequential : public Module {
+ public:
+  explicit Sequential(std::string name) : Module(std::move(name)) {}
+  Module& add(std::unique_ptr<Module> m);
+  size_t size() const { return layers_.size(); }
+  Module& at(size_t i) { return *layers_.at(i); }
+
+  void collect_parameters(std::vector<Parameter*>& out) override;
+  const Tensor& forward(const Tensor& x) override;
+  const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+
+ private:
+  std::vector<std::unique_ptr<Module>> layers_;
+  Tensor identity_;
+};
+
+// y = x W^T + b. W: [out, in], b: [out]. PyTorch's nn.Linear initialisation: U(-1/sqrt(in), 1/sqrt(in)) for both.
+// Runs in autocast's dtype for "linear" (the working dtype unless forced to FP32): the input is cast to it, the
+// GEMM accumulates in FP32 and rounds once; weight and bias gradients go straight to their FP32 buffers.
+class Linear : public Module {
+ public:
+  Linear(std::string name, int64_t in_features, int64_t out_features, bool bias, const Autocast& autocast);
+  Parameter& weight() { return weight_; }
+  Parameter* bias() { return has_bias_ ? &bias_ : nullptr; }
+  DType compute_dtype() const { return dtype_; }
+
+  void collect_parameters(std::vector<Parameter*>& out) override;
+  const Tensor& forward(const Tensor& x) override;
+  const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+
+ private:
+  int64_t in_, out_;
+  bool has_bias_;
+  DType dtype_;
+  Parameter weight_, bias_;
+  Tensor x_cast_, x_saved_, y_, dy_cast_, dx_;
+};
+
+// Element-wise activation. Keeps its input's dtype (autocast "keep input") unless forced to FP32.
+class Activation : public Module {
+ public:
+  enum class Kind { kReLU, kGELU };
+  Activation(std::string name, Kind kind, const Autocast& autocast);
+
+  const Tensor& forward(const Tensor& x) override;
+  const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+
+ private:
+  Kind kind_;
+  bool forced_fp32_;  // autocast override for this layer or op kind; otherwise the input's dtype is kept
+  Tensor x_cast_, saved_, y_, dy_cast_, dx_;
+};
+
+// A loss over a batch. forward returns the SUM of per-sample losses (FP32 arithmetic); the trainer divides by the
+// global sample count of the optimizer step. backward(grad_scale) returns d(grad_scale * sum)/d(input) in the
+// input's dtype.
+class Criterion {
+ public:
+  virtual ~Criterion() = default;
+  virtual double forward(const Tensor& output, std::span<const int32_t> targets) = 0;
+  virtual const Tensor& backward(float grad_scale) = 0;
+  // Samples of the last forward whose prediction matched the target (classification only; 0 otherwise).
+  virtual int64_t correct() const { return 0; }
+};
+
+// Softmax cross-entropy over classes, in FP32 whatever the logits' dtype (autocast "cross_entropy").
+class SoftmaxCrossEntropy : public Criterion {
+ public:
+  double forward(const Tensor& logits, std::span<const int32_t> targets) override;
+  const Tensor& backward(float grad_scale) override;
+  int64_t correct() const override { return correct_; }
+
+ private:
+  Tensor logits_, lse_, dlogits_;
+  std::vector<int32_t> targets_;
+  int64_t correct_ = 0;
+};
+
+}  // namespace ampdist

@@ -1,0 +1,243 @@
+#include "runtime/train/config.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/amp/autocast.h"
+#include "runtime/core/error.h"
+
+namespace ampdist {
+namespace {
+
+namespace pb = google::protobuf;
+
+class FirstError : public pb::io::ErrorCollector {
+ public:
+  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
+    if (message_.empty()) message_ = std::to_string(line + 1) + ":" + std::to_string(column + 1) + ": " + message;
+  }
+  void AddWarning(int, pb::io::ColumnNumber, const std::string&) override {}
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+template <typename T>
+std::string str(T v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+RunConfig parse_config_text(const std::string& text, const std::string& source) {
+  RunConfig cfg;
+  FirstError errors;
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  // Errors read "source:line:col: message".
+  if (!parser.ParseFromString(text, &cfg))
+    throw Error(source + ":" + (errors.message().empty() ? " not a valid RunConfig" : errors.message()),
+                ErrorKind::kBadInput);
+  return cfg;
+}
+
+RunConfig parse_config_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw BadInput(path, "no such config file");
+  if (std::filesystem::is_directory(path, ec)) throw BadInput(path, "is a directory, expected a .pbtxt config file");
+  std::ifstream in(path);
+  if (!in) throw BadInput(path, "cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  RunConfig cfg = parse_config_text(ss.str(), path);
+  if (!cfg.has_name()) cfg.set_name(std::filesystem::path(path).stem().string());
+  return cfg;
+}
+
+void apply_override(RunConfig& cfg, const std::string& assignment) {
+  const std::string where = "--set " + assignment;
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == assignment.size())
+    throw BadInput(where, "expected field.path=value");
+  const std::string path = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+
+  // Walk the path through the descriptors, building "a { b { c: value } }".
+  std::vector<std::string> parts;
+  std::stringstream ps(path);
+  for (std::string p; std::getline(ps, p, '.');) parts.push_back(p);
+  pb::Message* msg = &cfg;
+  std::string prefix, suffix;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const pb::Descriptor* d = msg->GetDescriptor();
+    const pb::FieldDescriptor* f = d->FindFieldByName(parts[i]);
+    if (!f) throw BadInput(where, "no field '" + parts[i] + "' in " + (i ? parts[i - 1] : std::string("the config")));
+    const bool last = i + 1 == parts.size();
+    if (!last) {
+      if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || f->is_repeated())
+        throw BadInput(where, "'" + parts[i] + "' is not a section");
+      msg = msg->GetReflection()->MutableMessage(msg, f);
+      prefix += parts[i] + " { ";
+      suffix = " }" + suffix;
+      continue;
+    }
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE)
+      throw BadInput(where, "'" + parts[i] + "' is a section; set one of its fields");
+    if (f->is_repeated()) {
+      msg->GetReflection()->ClearField(msg, f);
+      if (value.front() != '[') value = "[" + value + "]";
+    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING && value.front() != '"') {
+      std::string quoted = "\"";
+      for (char c : value) quoted += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+      value = quoted + "\"";
+    }
+    prefix += parts[i] + ": ";
+  }
+  FirstError errors;
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.MergeFromString(prefix + value + suffix, &cfg))
+    throw BadInput(where, "bad value '" + assignment.substr(eq + 1) + "' for " + path);
+}
+
+DType resolve_dtype(DTypeName name, Device device) {
+  switch (name) {
+    case FP16: return DType::kFloat16;
+    case BF16: return DType::kBFloat16;
+    case AUTO: return device == Device::kCUDA ? DType::kBFloat16 : DType::kFloat32;
+    default: return DType::kFloat32;
+  }
+}
+
+DTypeName dtype_to_name(DType t) {
+  switch (t) {
+    case DType::kFloat16: return FP16;
+    case DType::kBFloat16: return BF16;
+    case DType::kFloat32: break;
+  }
+  return FP32;
+}
+
+void validate_config(const RunConfig& cfg, const std::string& source) {
+  auto fail = [&](const std::string& field, const std::string& rule, const std::string& got) {
+    throw BadInput(source, field + " " + rule + ", got " + got);
+  };
+  auto positive = [&](const std::string& field, double v) {
+    if (!(v > 0) || !std::isfinite(v)) fail(field, "must be > 0", str(v));
+  };
+  auto non_negative = [&](const std::string& field, double v) {
+    if (!(v >= 0) || !std::isfinite(v)) fail(field, "must be >= 0", str(v));
+  };
+  auto in_unit = [&](const std::string& field, double v) {  // [0, 1)
+    if (!(v >= 0 && v < 1)) fail(field, "must be in [0, 1)", str(v));
+  };
+
+  // model
+  if (!cfg.has_model() || cfg.model().kind_case() == ModelConfig::KIND_NOT_SET)
+    throw BadInput(source, "model: set mlp { ... }");
+  for (int i = 0; i < cfg.model().mlp().hidden_size(); ++i)
+    positive("model.mlp.hidden[" + std::to_string(i) + "]", static_cast<double>(cfg.model().mlp().hidden(i)));
+
+  // data
+  const DataConfig& d = cfg.data();
+  if (d.kind_case() == DataConfig::KIND_NOT_SET) throw BadInput(source, "data: set idx { ... } or synthetic { ... }");
+  positive("data.global_batch_size", static_cast<double>(d.global_batch_size()));
+  positive("data.prefetch_steps", d.prefetch_steps());
+  positive("data.eval_batch_size", static_cast<double>(d.eval_batch_size()));
+  if (d.has_idx()) {
+    if (d.idx().dir().empty()) fail("data.idx.dir", "must name a directory", "\"\"");
+    positive("data.idx.std", d.idx().std());
+    if (!std::isfinite(d.idx().mean())) fail("data.idx.mean", "must be finite", str(d.idx().mean()));
+  }
+  if (d.has_synthetic()) {
+    positive("data.synthetic.train_samples", static_cast<double>(d.synthetic().train_samples()));
+    positive("data.synthetic.test_samples", static_cast<double>(d.synthetic().test_samples()));
+    positive("data.synthetic.features", static_cast<double>(d.synthetic().features()));
+    if (d.synthetic().classes() < 2) fail("data.synthetic.classes", "must be >= 2", str(d.synthetic().classes()));
+    non_negative("data.synthetic.noise", d.synthetic().noise());
+  }
+
+  // optimizer
+  const OptimizerConfig& o = cfg.optimizer();
+  positive("optimizer.lr", o.lr());
+  non_negative("optimizer.weight_decay", o.weight_decay());
+  non_negative("optimizer.clip_grad_norm", o.clip_grad_norm());
+  if (o.accumulation_steps() < 1)
+    fail("optimizer.accumulation_steps", "must be >= 1", str(o.accumulation_steps()));
+  if (o.has_sgd()) {
+    in_unit("optimizer.sgd.momentum", o.sgd().momentum());
+    if (!(o.sgd().dampening() >= 0 && o.sgd().dampening() <= 1))
+      fail("optimizer.sgd.dampening", "must be in [0, 1]", str(o.sgd().dampening()));
+    if (o.sgd().nesterov() && (o.sgd().momentum() <= 0 || o.sgd().dampening() != 0))
+      throw BadInput(source, "optimizer.sgd.nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
+  }
+  if (o.has_adamw()) {
+    in_unit("optimizer.adamw.beta1", o.adamw().beta1());
+    in_unit("optimizer.adamw.beta2", o.adamw().beta2());
+    positive("optimizer.adamw.eps", o.adamw().eps());
+  }
+  const ScheduleConfig& s = o.schedule();
+  if (s.kind() == SCHEDULE_UNSPECIFIED) fail("optimizer.schedule.kind", "must be CONSTANT or COSINE", "UNSPECIFIED");
+  non_negative("optimizer.schedule.warmup_steps", static_cast<double>(s.warmup_steps()));
+  non_negative("optimizer.schedule.total_steps", static_cast<double>(s.total_steps()));
+  non_negative("optimizer.schedule.min_lr", s.min_lr());
+  if (s.min_lr() > o.lr()) fail("optimizer.schedule.min_lr", "must be <= optimizer.lr", str(s.min_lr()));
+
+  // precision
+  const PrecisionConfig& p = cfg.precision();
+  if (p.dtype() == DTYPE_UNSPECIFIED) fail("precision.dtype", "must be FP32, FP16, BF16 or AUTO", "UNSPECIFIED");
+  if (p.has_dynamic()) {
+    const DynamicLossScaleConfig& dy = p.dynamic();
+    positive("precision.dynamic.init_scale", dy.init_scale());
+    if (!(dy.growth_factor() > 1) || !std::isfinite(dy.growth_factor()))
+      fail("precision.dynamic.growth_factor", "must be > 1", str(dy.growth_factor()));
+    if (!(dy.backoff_factor() > 0 && dy.backoff_factor() < 1))
+      fail("precision.dynamic.backoff_factor", "must be in (0, 1)", str(dy.backoff_factor()));
+    if (dy.growth_interval() < 1) fail("precision.dynamic.growth_interval", "must be >= 1", str(dy.growth_interval()));
+    if (dy.hysteresis() < 1) fail("precision.dynamic.hysteresis", "must be >= 1", str(dy.hysteresis()));
+    positive("precision.dynamic.min_scale", dy.min_scale());
+    if (dy.min_scale() > dy.init_scale())
+      fail("precision.dynamic.min_scale", "must be <= precision.dynamic.init_scale", str(dy.min_scale()));
+  }
+  if (p.has_static_scale()) positive("precision.static_scale.scale", p.static_scale().scale());
+  for (const std::string& op : p.fp32_ops())
+    if (!parse_op_kind(op))
+      fail("precision.fp32_ops", "must name ops of the autocast table (linear, relu, gelu, ...)", "\"" + op + "\"");
+
+  // comm
+  const CommConfig& c = cfg.comm();
+  positive("comm.bucket_cap_mb", c.bucket_cap_mb());
+  if (c.reduce_dtype() != FP32 && c.reduce_dtype() != FP16 && c.reduce_dtype() != BF16)
+    fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(c.reduce_dtype()));
+  if (c.mode() == REDUCE_MODE_UNSPECIFIED) fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
+  positive("comm.timeout_s", c.timeout_s());
+
+  // train, log
+  const TrainConfig& t = cfg.train();
+  non_negative("train.steps", static_cast<double>(t.steps()));
+  if (t.steps() == 0) positive("train.epochs", static_cast<double>(t.epochs()));
+  non_negative("train.eval_every_epochs", static_cast<double>(t.eval_every_epochs()));
+  non_negative("train.eval_every_steps", static_cast<double>(t.eval_every_steps()));
+  non_negative("train.threads_per_rank", t.threads_per_rank());
+  positive("log.every_steps", static_cast<double>(cfg.log().every_steps()));
+
+  for (int i = 0; i < cfg.fault().inject_nonfinite_size(); ++i) {
+    const NonFiniteInjection& f = cfg.fault().inject_nonfinite(i);
+    const std::string field = "fault.inject_nonfinite[" + std::to_string(i) + "]";
+    if (f.step() < 1) fail(field + ".step", "must be >= 1", str(f.step()));
+    if (f.value() == NONFINITE_UNSPECIFIED) fail(field + ".value", "must be POS_INF, NEG_INF or QNAN", "UNSPECIFIED");
+    if (f.target() == INJECT_TARGET_UNSPECIFIED) fail(field + ".target", "must be GRADIENT or INPUT", "UNSPECIFIED");
+    non_negative(field + ".element", static_cast<double>(f.element()));
+  }
+}
+
+}  // namespace ampdist

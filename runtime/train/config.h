@@ -1,0 +1,33 @@
+// Reading, overriding and validating the run config (proto/ampdist/config.proto, protobuf text format).
+//
+// Every function throws ampdist::Error of kind kBadInput with one line naming the file (and line:column) or the
+// field, e.g. "run.pbtxt:4:3: Message type "ampdist.OptimizerConfig" has no field named "lrr"." or
+// "run.pbtxt: optimizer.lr must be > 0, got -1".
+#pragma once
+
+#include <string>
+
+#include "ampdist/config.pb.h"
+#include "runtime/core/dtype.h"
+
+namespace ampdist {
+
+// Parses `path`; unknown fields are errors. Sets name (default: the file's stem) but does not validate.
+RunConfig parse_config_file(const std::string& path);
+// Parses text-format `text`; `source` names it in errors.
+RunConfig parse_config_text(const std::string& text, const std::string& source);
+
+// Applies one "--set field.path=value" assignment, e.g. "optimizer.lr=0.05", "model.mlp.hidden=[512, 256]",
+// "precision.dtype=BF16", "log.dir=runs/x". A repeated field is replaced, not appended to; setting a member of a
+// oneof selects it.
+void apply_override(RunConfig& cfg, const std::string& assignment);
+
+// Checks every value; `source` names the config in errors.
+void validate_config(const RunConfig& cfg, const std::string& source);
+
+// The working dtype of a run on `device`: AUTO is fp32 on the CPU backend.
+DType resolve_dtype(DTypeName name, Device device);
+// The config's spelling of a dtype: FP32, FP16, BF16.
+DTypeName dtype_to_name(DType t);
+
+}  // namespace ampdist

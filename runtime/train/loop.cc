@@ -1,0 +1,154 @@
+#include "runtime/train/loop.h"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace ampdist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// JSON has no inf or NaN: they are written as null.
+nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+}  // namespace
+
+std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
+
+RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
+  Communicator& comm = trainer.comm();
+  const RunConfig& cfg = trainer.config();
+  const bool rank0 = comm.rank() == 0;
+  std::ofstream metrics;
+  if (rank0 && cfg.log().metrics_jsonl() && !opt.run_dir.empty()) {
+    std::filesystem::create_directories(opt.run_dir);
+    const std::string path = opt.run_dir + "/metrics.jsonl";
+    metrics.open(path, std::ios::app);
+    if (!metrics) throw Error(path + ": cannot open for appending");
+    nlohmann::json start = {{"type", "start"},
+                            {"name", cfg.name()},
+                            {"world_size", comm.world_size()},
+                            {"dtype", dtype_name(trainer.working_dtype())},
+                            {"global_batch_size", cfg.data().global_batch_size()},
+                            {"total_steps", trainer.total_steps()},
+                            {"parameters", trainer.masters().numel()}};
+    metrics << start.dump() << "\n" << std::flush;
+  }
+  auto print = [&](const std::string& line, bool transient) {
+    if (!opt.out) return;
+    if (opt.tty)
+      *opt.out << "\r\033[K" << line << (transient ? "" : "\n") << std::flush;
+    else
+      *opt.out << line << "\n" << std::flush;
+  };
+
+  RunSummary s;
+  const int64_t total = trainer.total_steps();
+  const int64_t spe = trainer.steps_per_epoch();
+  const int64_t every = cfg.log().every_steps();
+  double window_loss = 0.0;
+  int64_t window_steps = 0, window_samples = 0;
+  double window_train_s = 0.0;
+  int64_t samples = 0;
+
+  auto evaluate = [&](int64_t step) {
+    const EvalResult e = trainer.evaluate();
+    s.test_accuracy = e.accuracy();
+    s.test_loss = e.loss;
+    s.test_correct = e.correct;
+    s.test_samples = e.samples;
+    if (metrics.is_open()) {
+      nlohmann::json j = {{"type", "eval"},          {"step", step},
+                          {"epoch", trainer.epoch_of(std::max<int64_t>(step, 1)) + (spe && step % spe == 0 ? 1 : 0)},
+                          {"test_accuracy", e.accuracy()}, {"test_loss", num(e.loss)},
+                          {"test_correct", e.correct},  {"test_samples", e.samples}};
+      metrics << j.dump() << "\n" << std::flush;
+    }
+    print(fmt::format("eval  step {:>6}  test_accuracy {:.4f} ({}/{})  test_loss {:.4f}", step, e.accuracy(), e.correct,
+                      e.samples, e.loss),
+          false);
+  };
+
+  for (int64_t step = 1; step <= total; ++step) {
+    const Clock::time_point t0 = Clock::now();
+    const StepResult r = trainer.step();
+    const double dt = seconds_since(t0);
+    s.train_seconds += dt;
+    window_train_s += dt;
+    window_loss += r.loss;
+    window_steps += 1;
+    window_samples += r.global_samples;
+    samples += r.global_samples;
+    s.steps = step;
+
+    if (step % every == 0 || step == total) {
+      // The only collective beyond the step's own: the window's loss, summed over ranks, once per log line.
+      double l[1] = {window_loss};
+      comm.allreduce_f64(l, ReduceOp::kSum, "log loss all-reduce");
+      const double mean_loss = l[0] / static_cast<double>(window_steps);
+      s.final_loss = mean_loss;
+      const double sps = window_samples / std::max(window_train_s, 1e-9);
+      const LossScalerState& st = trainer.scaler().state();
+      if (metrics.is_open()) {
+        nlohmann::json j = {{"type", "train"},
+                            {"step", step},
+                            {"epoch", trainer.epoch_of(step)},
+                            {"loss", num(mean_loss)},
+                            {"lr", r.lr},
+                            {"scale", trainer.scaler().scale()},
+                            {"skipped_steps", st.skipped_steps},
+                            {"grad_norm", num(r.grad_norm)},
+                            {"samples_per_s", sps},
+                            {"time_s", s.train_seconds}};
+        metrics << j.dump() << "\n" << std::flush;
+      }
+      print(fmt::format("step {:>6}/{}  epoch {:>3}  loss {:.4f}  scale {:g}  skipped {}  lr {:.3g}  {:.0f} samples/s",
+                        step, total, trainer.epoch_of(step) + 1, mean_loss, trainer.scaler().scale(),
+                        st.skipped_steps, r.lr, sps),
+            true);
+      window_loss = 0.0;
+      window_steps = window_samples = 0;
+      window_train_s = 0.0;
+    }
+
+    const bool epoch_end = spe > 0 && step % spe == 0;
+    const int64_t eval_epochs = cfg.train().eval_every_epochs();
+    const int64_t eval_steps = cfg.train().eval_every_steps();
+    const bool due = (epoch_end && eval_epochs > 0 && (step / spe) % eval_epochs == 0) ||
+                     (eval_steps > 0 && step % eval_steps == 0);
+    if (due && step != total) evaluate(step);
+  }
+  evaluate(total);
+
+  s.skipped_steps = trainer.scaler().state().skipped_steps;
+  s.final_scale = trainer.scaler().scale();
+  s.samples_per_s = s.train_seconds > 0 ? static_cast<double>(samples) / s.train_seconds : 0.0;
+  s.master_hash = trainer.masters().hash();
+  const std::vector<uint64_t> hashes = comm.allgather_u64(s.master_hash, "master weights hash gather");
+  for (size_t r = 0; r < hashes.size(); ++r) {
+    if (hashes[r] != hashes[0])
+      throw Error("master weights differ across ranks: rank 0 has " + hex16(hashes[0]) + ", rank " +
+                  std::to_string(r) + " has " + hex16(hashes[r]));
+  }
+  if (metrics.is_open()) {
+    nlohmann::json j = {{"type", "summary"},
+                        {"steps", s.steps},
+                        {"skipped_steps", s.skipped_steps},
+                        {"test_accuracy", s.test_accuracy},
+                        {"samples_per_s", s.samples_per_s},
+                        {"final_scale", s.final_scale},
+                        {"master_weights_hash", hex16(s.master_hash)}};
+    metrics << j.dump() << "\n" << std::flush;
+  }
+  return s;
+}
+
+}  // namespace ampdist

@@ -1,0 +1,39 @@
+// The training loop around Trainer::step(): epochs, evaluation, progress lines, metrics.jsonl, and the summary.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "runtime/train/trainer.h"
+
+namespace ampdist {
+
+struct LoopOptions {
+  std::string run_dir;      // metrics.jsonl goes here (rank 0); created if missing
+  std::ostream* out = nullptr;  // progress and summary (rank 0 only; null elsewhere)
+  bool tty = false;         // rewrite one progress line in place instead of printing plain lines
+};
+
+struct RunSummary {
+  int64_t steps = 0, skipped_steps = 0;
+  double test_accuracy = 0.0, test_loss = 0.0;
+  int64_t test_correct = 0, test_samples = 0;
+  double train_seconds = 0.0;  // time inside training steps (evaluation excluded)
+  double samples_per_s = 0.0;  // training samples over all ranks per second of training
+  float final_scale = 1.0f;
+  double final_loss = 0.0;     // mean loss of the last logged window
+  uint64_t master_hash = 0;    // XXH3-64 of the master weights, verified equal on every rank
+};
+
+// Runs the configured number of steps (train.steps, or train.epochs epochs), evaluating after every
+// train.eval_every_epochs epochs / train.eval_every_steps steps and at the end. metrics.jsonl gets one JSON object
+// per logged step ({"type":"train",...}) and per evaluation ({"type":"eval",...,"test_accuracy":...}); a new run
+// appends after a {"type":"start",...} record, so nothing already there is lost.
+// Throws Error when the master weights differ across ranks at the end (naming the ranks).
+RunSummary run_training(Trainer& trainer, const LoopOptions& opt);
+
+// "0123456789abcdef"
+std::string hex16(uint64_t v);
+
+}  // namespace ampdist

@@ -1,0 +1,219 @@
+#include "runtime/train/trainer.h"
+
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "runtime/kernels/kernels.h"
+#include "runtime/nn/mlp.h"
+#include "runtime/train/config.h"
+
+namespace ampdist {
+namespace {
+
+float nonfinite_value(NonFiniteValue v) {
+  switch (v) {
+    case NEG_INF: return -std::numeric_limits<float>::infinity();
+    case QNAN: return std::numeric_limits<float>::quiet_NaN();
+    default: return std::numeric_limits<float>::infinity();
+  }
+}
+
+bool injection_applies(const NonFiniteInjection& f, int64_t iteration, int rank, InjectTarget target) {
+  return f.step() == iteration && (f.rank() < 0 || f.rank() == rank) && f.target() == target;
+}
+
+std::set<std::string> to_set(const google::protobuf::RepeatedPtrField<std::string>& r) {
+  return std::set<std::string>(r.begin(), r.end());
+}
+
+std::set<OpKind> to_ops(const google::protobuf::RepeatedPtrField<std::string>& r) {
+  std::set<OpKind> out;
+  for (const std::string& s : r)
+    if (auto op = parse_op_kind(s)) out.insert(*op);
+  return out;
+}
+
+}  // namespace
+
+Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Module> model,
+                 std::unique_ptr<Criterion> criterion, std::shared_ptr<const Dataset> train,
+                 std::shared_ptr<const Dataset> test)
+    : cfg_(cfg),
+      comm_(comm),
+      model_(std::move(model)),
+      criterion_(std::move(criterion)),
+      train_(std::move(train)),
+      test_(std::move(test)),
+      consensus_(comm),
+      schedule_(cfg.optimizer().lr(), cfg.optimizer().schedule(), 0) {
+  const DType working = resolve_dtype(cfg_.precision().dtype(), Device::kCPU);
+  const int threads = cfg_.train().threads_per_rank() > 0
+                          ? cfg_.train().threads_per_rank()
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm_.local_size());
+  kernels::set_num_threads(threads);
+
+  model_->collect_parameters(params_);
+  masters_ = std::make_unique<MasterWeights>(params_, working);
+  masters_->initialize(cfg_.train().seed());
+  scaler_ = LossScaler::from_config(cfg_.precision(), dtype_to_name(working));
+  const int64_t cap_bytes = static_cast<int64_t>(cfg_.comm().bucket_cap_mb() * 1024.0 * 1024.0);
+  reducer_ = std::make_unique<Reducer>(
+      comm_, masters_->grads(), masters_->params(), std::max<int64_t>(cap_bytes, 1),
+      resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),
+      cfg_.comm().mode() == REDUCE_SCATTER ? Reducer::Mode::kReduceScatter : Reducer::Mode::kAllreduce);
+  optimizer_ = make_optimizer(cfg_.optimizer(), masters_->numel());
+  grad_ctx_.on_grad_ready = [this](Parameter& p) { on_grad_ready(p); };
+
+  const int accumulation = cfg_.optimizer().accumulation_steps();
+  if (train_) {
+    SamplerOptions so;
+    so.dataset_size = train_->size();
+    so.global_batch_size = cfg_.data().global_batch_size();
+    so.world_size = comm_.world_size();
+    so.rank = comm_.rank();
+    so.accumulation_steps = accumulation;
+    so.drop_last = cfg_.data().drop_last();
+    so.shuffle = cfg_.data().shuffle();
+    so.seed = cfg_.train().seed();
+    sampler_.emplace(so);
+    micro_batch_ = sampler_->micro_batch_size();
+    total_steps_ = cfg_.train().steps() > 0 ? cfg_.train().steps() : cfg_.train().epochs() * sampler_->steps_per_epoch();
+    loader_ = std::make_unique<Loader>(train_, *sampler_, accumulation, cfg_.data().prefetch_steps());
+  } else {
+    total_steps_ = cfg_.train().steps();
+  }
+  schedule_ = LrSchedule(cfg_.optimizer().lr(), cfg_.optimizer().schedule(), total_steps_);
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::steps_per_epoch() const { return sampler_ ? sampler_->steps_per_epoch() : 0; }
+
+int64_t Trainer::epoch_of(int64_t iteration) const {
+  const int64_t spe = steps_per_epoch();
+  return spe > 0 ? (iteration - 1) / spe : 0;
+}
+
+StepResult Trainer::step() {
+  if (!loader_) throw Error("Trainer::step(): no training dataset; use step(micro_batches, global_samples)");
+  const StepBatch& batch = loader_->next();
+  return step(batch.micro, batch.global_samples);
+}
+
+StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_samples) {
+  if (micro.empty() || global_samples <= 0) throw Error("Trainer::step: a step needs micro-batches and samples");
+  StepResult r;
+  r.iteration = ++iteration_;
+  r.scale = scaler_.scale();
+  r.global_samples = global_samples;
+  comm_.set_context("step " + std::to_string(iteration_));
+
+  masters_->cast_to_working();
+  // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
+  // neither accumulation nor world size changes the gradient; the scale multiplies it once.
+  const float grad_scale = static_cast<float>(scaler_.scale() / static_cast<double>(global_samples));
+  double loss_sum = 0.0;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    final_micro_ = k + 1 == micro.size();
+    reducer_->begin_backward(final_micro_);
+    const Tensor& x = k == 0 ? maybe_inject_input(micro[k].x) : micro[k].x;
+    const Tensor& logits = model_->forward(x);
+    loss_sum += criterion_->forward(logits, micro[k].y);
+    grad_ctx_.accumulate = k > 0;
+    grad_ctx_.need_input_grad = false;
+    model_->backward(criterion_->backward(grad_scale), grad_ctx_);
+  }
+  reducer_->wait();
+
+  // One fused pass over the reduced gradient this rank holds: unscale, find non-finite values, sum squares.
+  bool found_inf = false;
+  double sum_sq = 0.0;
+  for (const GradSpan& s : reducer_->owned()) {
+    Tensor g = Tensor::view(masters_->grads().data_as<float>() + s.begin, {s.count}, DType::kFloat32);
+    const kernels::UnscaleResult u = kernels::unscale_and_check(g, scaler_.inv_scale());
+    found_inf |= u.found_inf;
+    sum_sq += u.sum_sq;
+  }
+  found_inf = consensus_.agree(found_inf, scaler_);
+
+  r.loss = loss_sum / static_cast<double>(global_samples);
+  r.skipped = found_inf;
+  r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  if (!found_inf) {
+    reducer_->gather();
+    if (reducer_->mode() == Reducer::Mode::kReduceScatter) {
+      sum_sq = kernels::unscale_and_check(masters_->grads(), 1.0f).sum_sq;  // the whole gathered gradient
+    }
+    r.grad_norm = std::sqrt(sum_sq);
+    clip_grad_norm(masters_->grads(), r.grad_norm, cfg_.optimizer().clip_grad_norm());
+    r.lr = schedule_.lr(optimizer_->step_count());
+    optimizer_->step(masters_->master(), masters_->grads(), r.lr);
+  }
+  scaler_.update(found_inf);
+  return r;
+}
+
+void Trainer::on_grad_ready(Parameter& p) {
+  if (final_micro_) {
+    for (const NonFiniteInjection& f : cfg_.fault().inject_nonfinite()) {
+      if (!injection_applies(f, iteration_, comm_.rank(), GRADIENT)) continue;
+      if (f.element() >= p.offset && f.element() < p.offset + p.numel())
+        p.grad.data_as<float>()[f.element() - p.offset] = nonfinite_value(f.value());
+    }
+  }
+  reducer_->mark_ready(p);
+}
+
+const Tensor& Trainer::maybe_inject_input(const Tensor& x) {
+  for (const NonFiniteInjection& f : cfg_.fault().inject_nonfinite()) {
+    if (!injection_applies(f, iteration_, comm_.rank(), INPUT) || f.element() >= x.numel()) continue;
+    injected_x_.ensure(x.shape(), x.dtype());
+    kernels::cast(x, injected_x_);
+    injected_x_.data_as<float>()[f.element()] = nonfinite_value(f.value());
+    return injected_x_;
+  }
+  return x;
+}
+
+EvalResult Trainer::evaluate() {
+  EvalResult e;
+  if (!test_) return e;
+  masters_->cast_to_working();
+  const std::vector<int64_t> counts = shard_counts(test_->size(), comm_.world_size());
+  int64_t begin = 0;
+  for (int r = 0; r < comm_.rank(); ++r) begin += counts[r];
+  const int64_t end = begin + counts[comm_.rank()];
+  const int64_t bs = cfg_.data().eval_batch_size();
+  const int64_t dim = test_->feature_dim();
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+  for (int64_t b = begin; b < end; b += bs) {
+    const int64_t n = std::min(bs, end - b);
+    eval_x_.ensure({n, dim}, DType::kFloat32);
+    eval_y_.resize(n);
+    float* x = eval_x_.data_as<float>();
+    for (int64_t i = 0; i < n; ++i) test_->get(b + i, x + i * dim, &eval_y_[i]);
+    loss_sum += criterion_->forward(model_->forward(eval_x_), eval_y_);
+    correct += criterion_->correct();
+  }
+  int64_t c[2] = {correct, end - begin};
+  comm_.allreduce_i64(c, ReduceOp::kSum, "evaluation count all-reduce");
+  double l[1] = {loss_sum};
+  comm_.allreduce_f64(l, ReduceOp::kSum, "evaluation loss all-reduce");
+  e.correct = c[0];
+  e.samples = c[1];
+  e.loss = e.samples ? l[0] / static_cast<double>(e.samples) : 0.0;
+  return e;
+}
+
+std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
+  DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
+  const DType working = resolve_dtype(cfg.precision().dtype(), Device::kCPU);
+  const Autocast autocast(working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
+  auto model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
+  return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
+                                   data.test);
+}
+
+}  // namespace ampdist

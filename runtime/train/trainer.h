@@ -1,0 +1,107 @@
+// Trainer: one optimizer step of data-parallel mixed-precision training, and evaluation.
+//
+// step() is DESIGN.md's step, in its order (see trainer.cc). Every rank constructs its Trainer from the same
+// config and calls step() the same number of times; the collectives inside are the gradient reduction (buckets)
+// and the one consensus all-reduce.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "ampdist/config.pb.h"
+#include "comm/communicator.h"
+#include "comm/consensus.h"
+#include "comm/reducer.h"
+#include "runtime/amp/autocast.h"
+#include "runtime/amp/loss_scaler.h"
+#include "runtime/amp/master_weights.h"
+#include "runtime/data/dataset.h"
+#include "runtime/data/loader.h"
+#include "runtime/nn/module.h"
+#include "runtime/optim/optimizer.h"
+
+namespace ampdist {
+
+struct StepResult {
+  int64_t iteration = 0;       // 1-based, counting skipped steps
+  bool skipped = false;        // the agreed found_inf: nothing but the scaler changed
+  float scale = 1.0f;          // loss scale this step ran with
+  float lr = 0.0f;             // learning rate applied (0 when skipped)
+  double loss = 0.0;           // this rank's share of the step's mean loss (sum over ranks = the mean)
+  double grad_norm = 0.0;      // global L2 norm of the unscaled gradient before clipping (NaN when skipped)
+  int64_t global_samples = 0;  // samples in the step over all ranks and micro-batches
+};
+
+struct EvalResult {
+  int64_t correct = 0, samples = 0;  // summed over ranks, exact
+  double loss = 0.0;                 // mean per-sample loss over all ranks
+  double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
+};
+
+class Trainer {
+ public:
+  // model/criterion: the network and its loss. train/test: datasets (test may be null; train may be null when only
+  // the explicit step() is used). The config supplies precision, optimizer, comm, data and seed settings.
+  // Throws Error (bad input) for a config that cannot run on this world size.
+  Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Module> model,
+          std::unique_ptr<Criterion> criterion, std::shared_ptr<const Dataset> train,
+          std::shared_ptr<const Dataset> test);
+  ~Trainer();
+
+  // The next step from the training data.
+  StepResult step();
+  // One step on explicitly given micro-batches of this rank (accumulation = micro.size(), which must be the same on
+  // every rank); global_samples: samples of the step over all ranks (the loss divisor).
+  StepResult step(std::span<const MicroBatch> micro, int64_t global_samples);
+  // Accuracy and loss on the whole test set, each rank taking a contiguous slice; counts summed over ranks.
+  EvalResult evaluate();
+
+  int64_t iteration() const { return iteration_; }
+  int64_t steps_per_epoch() const;
+  int64_t total_steps() const { return total_steps_; }
+  int64_t epoch_of(int64_t iteration) const;  // 0-based epoch of a 1-based iteration
+  DType working_dtype() const { return masters_->working_dtype(); }
+  int64_t micro_batch_size() const { return micro_batch_; }
+
+  Module& model() { return *model_; }
+  MasterWeights& masters() { return *masters_; }
+  LossScaler& scaler() { return scaler_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const LrSchedule& schedule() const { return schedule_; }
+  Reducer& reducer() { return *reducer_; }
+  Consensus& consensus() { return consensus_; }
+  Communicator& comm() { return comm_; }
+  const RunConfig& config() const { return cfg_; }
+
+ private:
+  void on_grad_ready(Parameter& p);
+  const Tensor& maybe_inject_input(const Tensor& x);
+
+  RunConfig cfg_;
+  Communicator& comm_;
+  std::unique_ptr<Module> model_;
+  std::unique_ptr<Criterion> criterion_;
+  std::shared_ptr<const Dataset> train_, test_;
+  std::vector<Parameter*> params_;
+  std::unique_ptr<MasterWeights> masters_;
+  LossScaler scaler_;
+  std::unique_ptr<Reducer> reducer_;
+  Consensus consensus_;
+  std::unique_ptr<Optimizer> optimizer_;
+  LrSchedule schedule_;
+  std::unique_ptr<Loader> loader_;
+  std::optional<DistributedSampler> sampler_;
+  int64_t micro_batch_ = 0, total_steps_ = 0, iteration_ = 0;
+  GradContext grad_ctx_;
+  bool final_micro_ = false;
+  Tensor injected_x_, eval_x_;
+  std::vector<int32_t> eval_y_;
+};
+
+// The trainer of a config: its datasets (data {...}), its model (model {...}) with softmax cross-entropy.
+std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm);
+
+}  // namespace ampdist

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# End-to-end: every kind of bad input (config file, config field, --set, --precision, command line, IDX dataset)
+# makes `ampdist train` print exactly one line "ampdist: error: ..." naming the file or field, and exit 2 on every
+# rank, alone and under mpirun, without a crash, a hang or a leftover process. Plus one positive control.
+#
+#   bash tests/e2e/test_bad_input.sh <path-to-ampdist> <source-dir>
+# VERBOSE=1 also shows the error line of every passing case.
+set -u
+
+if [ $# -lt 1 ]; then
+  echo "usage: $0 <path-to-ampdist> [<source-dir>]" >&2
+  exit 2
+fi
+AMPDIST=$(readlink -f "$1")
+REAL_DATA=/usr/share/datasets/fashion-mnist
+# CTest sets these; set them when the script is run by hand as root too.
+export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+MPIRUN=(mpirun -q --oversubscribe -np 2)
+
+if [ ! -x "$AMPDIST" ]; then
+  echo "not ok - setup: $1 is not an executable"
+  exit 1
+fi
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  if [ ! -e "$REAL_DATA/$f.gz" ] && [ ! -e "$REAL_DATA/$f" ]; then
+    echo "not ok - setup: $REAL_DATA/$f(.gz) is missing (install dataset-fashion-mnist)"
+    exit 1
+  fi
+done
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/ampdist_bad_input.XXXXXX")
+# shellcheck disable=SC2317  # called by the trap
+cleanup() {
+  # Only processes whose command line names this run's own temp dir: ours, if any outlived a failed case.
+  local pids
+  pids=$(pgrep -f "$TMP" || true)
+  # shellcheck disable=SC2086  # one pid a word
+  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+FAILED=0
+ok() { echo "ok - $1"; }
+not_ok() {
+  echo "not ok - $1: $2"
+  FAILED=1
+}
+
+# Shows a captured output under a failing case, indented, so the log says what went wrong.
+show() { sed -e 's/^/    | /' "$1" | head -20; }
+
+# check_error CASE OUT RC NEEDLE...: the assertions for one bad-input run.
+check_error() {
+  local name=$1 out=$2 rc=$3
+  shift 3
+  local why=""
+  if [ "$rc" -eq 124 ]; then
+    why="HANG (killed by timeout 120)"
+  elif [ "$rc" -gt 128 ]; then
+    why="crashed: killed by signal $((rc - 128)) (exit $rc)"
+  elif grep -Eq 'core dumped|Segmentation|terminate called|Aborted' "$out"; then
+    why="crashed (exit $rc)"
+  elif [ "$rc" -ne 2 ]; then
+    why="exit code $rc, expected 2"
+  else
+    local n line
+    n=$(grep -c . "$out")
+    line=$(grep -m1 . "$out")
+    if [ "$n" -ne 1 ]; then
+      why="$n non-empty output lines, expected exactly 1"
+    elif [[ "$line" != "ampdist: error:"* ]]; then
+      why="line does not start with 'ampdist: error:'"
+    else
+      local needle
+      for needle in "$@"; do
+        if [[ "$needle" == re:* ]]; then
+          grep -Eq -- "${needle#re:}" <<<"$line" || why="line does not match /${needle#re:}/"
+        else
+          grep -Fq -- "$needle" <<<"$line" || why="line does not name '$needle'"
+        fi
+        [ -n "$why" ] && break
+      done
+    fi
+  fi
+  if [ -z "$why" ]; then
+    # Nothing of this run may be left behind (every rank and launcher names the temp dir on its command line).
+    local _ left=""
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      left=$(pgrep -f "$TMP" || true)
+      [ -z "$left" ] && break
+      sleep 0.2
+    done
+    [ -n "$left" ] && why="processes left running: ${left//$'\n'/ }"
+  fi
+  if [ -z "$why" ]; then
+    ok "$name"
+    [ -n "${VERBOSE:-}" ] && show "$out"
+  else
+    not_ok "$name" "$why"
+    show "$out"
+  fi
+}
+
+N=0
+# expect_error CASE MODE NEEDLES... -- ARGS...: runs `ampdist ARGS` alone (MODE single) or under mpirun -np 2
+# (MODE mpi) and checks it fails as bad input. A needle "re:REGEX" is an extended regex, any other a fixed string.
+expect_error() {
+  local name=$1 mode=$2
+  shift 2
+  local needles=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    needles+=("$1")
+    shift
+  done
+  shift
+  N=$((N + 1))
+  local out="$TMP/out.$N" rc
+  if [ "$mode" = single ]; then
+    timeout 120 "$AMPDIST" "$@" >"$out" 2>&1 </dev/null
+    rc=$?
+  else
+    timeout 120 "${MPIRUN[@]}" "$AMPDIST" "$@" >"$out" 2>&1 </dev/null
+    rc=$?
+  fi
+  check_error "$name [$mode]" "$out" "$rc" "${needles[@]}"
+}
+
+# both CASE NEEDLES... -- ARGS...: the case alone and under mpirun -np 2.
+both() {
+  local name=$1
+  shift
+  expect_error "$name" single "$@"
+  expect_error "$name" mpi "$@"
+}
+
+# ---- inputs -----------------------------------------------------------------------------------------------------
+
+# base_config FILE DATA_DIR [OPTIMIZER_EXTRA]: a tiny valid run (2 steps) so that a case that wrongly succeeds
+# still ends quickly; OPTIMIZER_EXTRA goes inside the optimizer { } block.
+base_config() {
+  cat >"$1" <<EOF
+model { mlp { hidden: [16] } }
+data { idx { dir: "$2" } global_batch_size: 128 }
+optimizer { sgd { momentum: 0.9 } lr: 0.05 ${3:-}}
+train { steps: 2 }
+log { dir: "$TMP/runs" every_steps: 1 }
+EOF
+}
+
+BASE="$TMP/base.pbtxt"
+base_config "$BASE" "$REAL_DATA"
+
+# A dataset dir: copies of the real files except `skip` (the one a case replaces).
+make_data_dir() {
+  local dir=$1 skip=$2 f
+  mkdir -p "$dir"
+  for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+    [ "$f" = "$skip" ] && continue
+    cp "$REAL_DATA/$f"* "$dir/"
+  done
+}
+
+RAW_IMAGES="$TMP/train-images.raw"
+RAW_LABELS="$TMP/train-labels.raw"
+if [ -e "$REAL_DATA/train-images-idx3-ubyte.gz" ]; then
+  gzip -dc "$REAL_DATA/train-images-idx3-ubyte.gz" >"$RAW_IMAGES"
+else
+  cp "$REAL_DATA/train-images-idx3-ubyte" "$RAW_IMAGES"
+fi
+if [ -e "$REAL_DATA/train-labels-idx1-ubyte.gz" ]; then
+  gzip -dc "$REAL_DATA/train-labels-idx1-ubyte.gz" >"$RAW_LABELS"
+else
+  cp "$REAL_DATA/train-labels-idx1-ubyte" "$RAW_LABELS"
+fi
+
+# 7: images with magic 0x00000804 instead of 0x00000803.
+D_MAGIC="$TMP/data_magic"
+make_data_dir "$D_MAGIC" train-images-idx3-ubyte
+{ printf '\x00\x00\x08\x04'; tail -c +5 "$RAW_IMAGES"; } | gzip -1 >"$D_MAGIC/train-images-idx3-ubyte.gz"
+# 8: images cut after 10000 bytes (a valid header that promises 60000 images).
+D_TRUNC="$TMP/data_trunc"
+make_data_dir "$D_TRUNC" train-images-idx3-ubyte
+head -c 10000 "$RAW_IMAGES" | gzip -1 >"$D_TRUNC/train-images-idx3-ubyte.gz"
+# 9: images of 6 bytes, a plain file (not gzip): the magic and half a dimension.
+D_HDR="$TMP/data_header"
+make_data_dir "$D_HDR" train-images-idx3-ubyte
+head -c 6 "$RAW_IMAGES" >"$D_HDR/train-images-idx3-ubyte"
+# 10: label 11 for the first training sample (classes are 0..9).
+D_LABEL="$TMP/data_label"
+make_data_dir "$D_LABEL" train-labels-idx1-ubyte
+cp "$RAW_LABELS" "$TMP/labels.bad"
+printf '\x0b' | dd of="$TMP/labels.bad" bs=1 seek=8 conv=notrunc status=none
+gzip -1 -c "$TMP/labels.bad" >"$D_LABEL/train-labels-idx1-ubyte.gz"
+
+# 2: malformed configs.
+BAD_BRACE="$TMP/bad_brace.pbtxt"
+cat >"$BAD_BRACE" <<EOF
+model { mlp { hidden: [8] }
+data { idx { dir: "$REAL_DATA" } global_batch_size: 128 }
+train { steps: 2 }
+EOF
+BAD_LR="$TMP/bad_lr.pbtxt"
+cat >"$BAD_LR" <<EOF
+model { mlp { hidden: [16] } }
+data { idx { dir: "$REAL_DATA" } global_batch_size: 128 }
+optimizer { lr: "abc" }
+train { steps: 2 }
+EOF
+# 3: an unknown field in an otherwise valid config.
+UNKNOWN="$TMP/unknown_field.pbtxt"
+base_config "$UNKNOWN" "$REAL_DATA" "lrr: 0.1 "
+
+# ---- cases ------------------------------------------------------------------------------------------------------
+
+both "1 missing config file" "$TMP/does_not_exist.pbtxt" -- \
+  train --config "$TMP/does_not_exist.pbtxt"
+both "2a malformed config (missing brace)" "re:^ampdist: error: .*${BAD_BRACE}:[0-9]+:[0-9]+" -- \
+  train --config "$BAD_BRACE"
+both "2b malformed config (lr: \"abc\")" "re:^ampdist: error: .*${BAD_LR}:[0-9]+:[0-9]+" -- \
+  train --config "$BAD_LR"
+both "3 unknown config field" "$UNKNOWN" "lrr" -- \
+  train --config "$UNKNOWN"
+both "4a --set optimizer.lr=-1" "optimizer.lr" -- \
+  train --config "$BASE" --set optimizer.lr=-1
+both "4b --set precision.dynamic.backoff_factor=2" "backoff_factor" -- \
+  train --config "$BASE" --set precision.dynamic.backoff_factor=2
+both "4c --precision fp8" "--precision" -- \
+  train --config "$BASE" --precision fp8
+both "5 unknown --set field" "nope" -- \
+  train --config "$BASE" --set optimizer.nope=1
+both "6 missing dataset directory" "$TMP/nope" "data.idx.dir" -- \
+  train --config "$BASE" --set "data.idx.dir=$TMP/nope"
+both "7 IDX file with a wrong magic number" "$D_MAGIC/train-images-idx3-ubyte" "magic" -- \
+  train --config "$BASE" --set "data.idx.dir=$D_MAGIC"
+both "8 truncated IDX file" "$D_TRUNC/train-images-idx3-ubyte" "truncated" -- \
+  train --config "$BASE" --set "data.idx.dir=$D_TRUNC"
+both "9 truncated IDX header" "$D_HDR/train-images-idx3-ubyte" "truncated" -- \
+  train --config "$BASE" --set "data.idx.dir=$D_HDR"
+both "10 label out of range" "$D_LABEL/train-labels-idx1-ubyte" -- \
+  train --config "$BASE" --set "data.idx.dir=$D_LABEL"
+both "11 config is a directory" "$TMP" "directory" -- \
+  train --config "$TMP"
+# With one process 3 is a valid global batch; with two it does not divide.
+expect_error "12 global batch not divisible by world size" mpi "data.global_batch_size" -- \
+  train --config "$BASE" --set data.global_batch_size=3
+both "13 no --config on the command line" "--config" -- \
+  train
+
+# ---- positive control -------------------------------------------------------------------------------------------
+
+out="$TMP/out.ok"
+timeout 120 "${MPIRUN[@]}" "$AMPDIST" train --config "$BASE" --run-dir "$TMP/run_ok" >"$out" 2>&1 </dev/null
+rc=$?
+if [ "$rc" -eq 124 ]; then
+  not_ok "control: valid base config [mpi]" "HANG (killed by timeout 120)"
+  show "$out"
+elif [ "$rc" -ne 0 ]; then
+  not_ok "control: valid base config [mpi]" "exit code $rc, expected 0"
+  show "$out"
+elif ! grep -Eq '^master weights hash: [0-9a-f]{16}$' "$out"; then
+  not_ok "control: valid base config [mpi]" "no line 'master weights hash: <16 hex digits>'"
+  show "$out"
+elif grep -q 'ampdist: error:' "$out"; then
+  not_ok "control: valid base config [mpi]" "printed an error"
+  show "$out"
+else
+  ok "control: valid base config [mpi]"
+fi
+
+exit "$FAILED"

@@ -1,0 +1,43 @@
+// GoogleTest main for tests run under mpirun: every rank runs every test; rank 0 prints the results, other ranks
+// print only failures. A rank whose assertion fails exits non-zero, which fails the CTest entry.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+
+namespace {
+// On ranks other than 0: one line per failed assertion, prefixed with the rank, so that a failure only one rank
+// sees is visible in the log.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr, "[rank %d] FAILED %s.%s at %s:%d: %s\n", rank_, t ? t->test_suite_name() : "?",
+                 t ? t->name() : "?", r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(rank));
+  }
+  const int rc = RUN_ALL_TESTS();
+  // A failure on any rank fails every rank's exit code, so mpirun reports it whichever rank it was.
+  int all = rc;
+  MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return all;
+}

@@ -1,0 +1,86 @@
+// Helpers for the multi-rank tests: tiny models, explicit batches, and cross-rank comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/ampdist.h"
+
+namespace ampdist::testing {
+
+// Collective timeout for tests: a rank that diverges (a bug) stops the test run in a minute instead of hanging.
+constexpr double kTimeoutS = 60.0;
+
+// Loss = sum of every output element (a per-sample loss that is linear in the output, e.g. w * x): its gradient
+// with respect to each output element is exactly grad_scale.
+class SumLoss : public Criterion {
+ public:
+  double forward(const Tensor& out, std::span<const int32_t>) override {
+    out_ = out;
+    double s = 0.0;
+    for (int64_t i = 0; i < out.numel(); ++i) s += out.item(i);
+    return s;
+  }
+  const Tensor& backward(float grad_scale) override {
+    Tensor f = Tensor::empty(out_.shape(), DType::kFloat32);
+    for (int64_t i = 0; i < f.numel(); ++i) f.data_as<float>()[i] = grad_scale;
+    grad_.ensure(out_.shape(), out_.dtype());
+    kernels::cast(f, grad_);
+    return grad_;
+  }
+
+ private:
+  Tensor out_, grad_;
+};
+
+inline RunConfig config(const std::string& text) { return parse_config_text(text, "test config"); }
+
+// A micro-batch of `rows` FP32 samples (each a vector of features) with label 0.
+inline MicroBatch batch(const std::vector<std::vector<float>>& rows, int64_t features) {
+  MicroBatch b;
+  b.x = Tensor::empty({static_cast<int64_t>(rows.size()), features}, DType::kFloat32);
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(b.x.data_as<float>() + i * features, rows[i].data(), features * sizeof(float));
+  b.y.assign(rows.size(), 0);
+  return b;
+}
+
+// A trainer over a single Linear layer without bias (in -> out), for the explicit-step scenarios.
+inline std::unique_ptr<Trainer> linear_trainer(const RunConfig& cfg, Communicator& comm, int64_t in, int64_t out,
+                                               std::unique_ptr<Criterion> loss = std::make_unique<SumLoss>()) {
+  const Autocast ac(resolve_dtype(cfg.precision().dtype(), Device::kCPU));
+  auto model = std::make_unique<Linear>("w", in, out, /*bias=*/false, ac);
+  return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), nullptr, nullptr);
+}
+
+inline std::vector<uint8_t> bytes(const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data());
+  return std::vector<uint8_t>(p, p + t.nbytes());
+}
+
+// True when `value` is the same on every rank.
+inline bool same_on_all_ranks(Communicator& comm, uint64_t value) {
+  const std::vector<uint64_t> all = comm.allgather_u64(value, "test gather");
+  for (uint64_t v : all)
+    if (v != all[0]) return false;
+  return true;
+}
+
+inline uint64_t float_bits(double v) {
+  uint64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+inline bool all_finite(const Tensor& t) {
+  const float* p = t.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
+
+}  // namespace ampdist::testing
