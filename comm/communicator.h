@@ -71,8 +71,8 @@ class Communicator {
   // Ends every process of the job with `exit_code`. Never returns.
   [[noreturn]] virtual void abort(int exit_code) = 0;
 
-  // A short context prefixed to timeout messages, e.g. "step 1200".
-  virtual void set_context(const std::string& context) = 0;
+  // The optimizer step in progress, named in timeout messages ("step 1200: bucket 2 all-reduce ..."); 0 = none.
+  virtual void set_step(int64_t step) = 0;
   virtual const CommStats& stats() const = 0;
 
   void allreduce(void* buf, int64_t count, DType dtype, ReduceOp op, const std::string& what) {

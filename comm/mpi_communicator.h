@@ -35,7 +35,7 @@ class MpiCommunicator : public Communicator {
   std::vector<uint64_t> allgather_u64(uint64_t value, const std::string& what) override;
   void barrier(const std::string& what) override;
   [[noreturn]] void abort(int exit_code) override;
-  void set_context(const std::string& context) override { watchdog_.set_context(context); }
+  void set_step(int64_t step) override { watchdog_.set_step(step); }
   const CommStats& stats() const override { return stats_; }
 
   MPI_Comm comm() const { return comm_; }

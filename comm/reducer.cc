@@ -44,6 +44,8 @@ Reducer::Reducer(Communicator& comm, Tensor grads, std::span<Parameter* const> p
   counts_.resize(buckets_.size());
   const int rank = comm_.rank();
   for (size_t b = 0; b < buckets_.size(); ++b) {
+    names_.push_back("bucket " + std::to_string(b) + (mode_ == Mode::kAllreduce ? " all-reduce" : " reduce-scatter"));
+    gather_names_.push_back("bucket " + std::to_string(b) + " all-gather");
     const int64_t n = buckets_[b].end - buckets_[b].begin;
     counts_[b] = shard_counts(n, comm_.world_size());
     if (mode_ == Mode::kAllreduce) {
@@ -78,7 +80,7 @@ void Reducer::launch(size_t b) {
   const BucketLayout& bucket = buckets_[b];
   const int64_t n = bucket.end - bucket.begin;
   Tensor g = Tensor::view(grads_.data_as<float>() + bucket.begin, {n}, DType::kFloat32);
-  const std::string what = "bucket " + std::to_string(b) + (mode_ == Mode::kAllreduce ? " all-reduce" : " reduce-scatter");
+  const std::string& what = names_[b];
   if (mode_ == Mode::kAllreduce) {
     if (reduce_dtype_ == DType::kFloat32) {
       works_[b] = comm_.allreduce_async(g.data(), n, DType::kFloat32, ReduceOp::kSum, what);
@@ -129,7 +131,7 @@ void Reducer::gather() {
   if (mode_ != Mode::kReduceScatter) return;
   for (size_t b = 0; b < buckets_.size(); ++b)
     works_[b] = comm_.allgather_inplace_async(grads_.data_as<float>() + buckets_[b].begin, counts_[b],
-                                              DType::kFloat32, "bucket " + std::to_string(b) + " all-gather");
+                                              DType::kFloat32, gather_names_[b]);
   for (auto& w : works_) {
     w->wait();
     w.reset();

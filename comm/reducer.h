@@ -83,6 +83,7 @@ class Reducer {
   std::vector<Tensor> staging_;  // per bucket: 16-bit copy (allreduce) or received shard (reduce-scatter)
   std::vector<std::vector<int64_t>> counts_;  // per bucket: shard counts (reduce-scatter)
   std::vector<GradSpan> owned_;
+  std::vector<std::string> names_, gather_names_;  // per bucket, for timeout messages
   size_t next_launch_ = 0;
   bool final_ = false;
   int64_t launches_ = 0;

@@ -21,11 +21,6 @@ void Watchdog::set_timeout(double timeout_s) {
   timeout_s_ = timeout_s;
 }
 
-void Watchdog::set_context(const std::string& context) {
-  std::lock_guard<std::mutex> lock(mu_);
-  context_ = context;
-}
-
 void Watchdog::arm(const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
   what_ = what;
@@ -44,10 +39,12 @@ void Watchdog::run() {
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     if (stop_ || !armed_ || std::chrono::steady_clock::now() < deadline_) continue;
+    const long long step = step_.load();
     std::fprintf(stderr,
                  "ampdist: error: [rank %d] %s%s%s did not complete within %g s (comm.timeout_s): another rank "
                  "stalled or died; stopping the job\n",
-                 rank_.load(), context_.c_str(), context_.empty() ? "" : ": ", what_.c_str(), timeout_s_);
+                 rank_.load(), step ? ("step " + std::to_string(step)).c_str() : "", step ? ": " : "",
+                 what_.c_str(), timeout_s_);
     std::fflush(stderr);
     std::_Exit(1);
   }

@@ -1,7 +1,7 @@
 // Watchdog: bounds every wait on a collective by a timeout.
 //
 // A background thread checks the armed deadline every 100 ms. When a wait outlives it, the watchdog prints one line
-// ("ampdist: error: [rank 3] step 120: bucket 2 all-reduce did not complete within 600 s; ...") and ends the
+// ("ampdist: error: [rank 3] step 120: bucket 2 all-reduce did not complete within 600 s ...") and ends the
 // process with exit code 1; mpirun and srun then stop the other ranks. It does not call into MPI from its thread.
 #pragma once
 
@@ -20,7 +20,7 @@ class Watchdog {
   ~Watchdog();
 
   void set_timeout(double timeout_s);
-  void set_context(const std::string& context);
+  void set_step(int64_t step) { step_ = step; }
   void set_rank(int rank) { rank_ = rank; }
   // Marks the start and end of one wait. Not reentrant: one collective wait at a time per process.
   void arm(const std::string& what);
@@ -33,7 +33,8 @@ class Watchdog {
   double timeout_s_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string context_, what_;
+  std::atomic<int64_t> step_{0};
+  std::string what_;
   bool armed_ = false, stop_ = false;
   std::chrono::steady_clock::time_point deadline_;
   std::thread thread_;

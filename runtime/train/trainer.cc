@@ -107,7 +107,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   r.iteration = ++iteration_;
   r.scale = scaler_.scale();
   r.global_samples = global_samples;
-  comm_.set_context("step " + std::to_string(iteration_));
+  comm_.set_step(iteration_);
 
   masters_->cast_to_working();
   // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so

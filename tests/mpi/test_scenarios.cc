@@ -38,7 +38,9 @@ TEST(C1, TwoThousandCleanStepsGrowTheScaleOnEveryRank) {
     const StepResult r = t->step();
     clean &= !r.skipped;
     weights_equal &= same_on_all_ranks(comm, t->masters().hash());
-    if (step == 1999) EXPECT_EQ(t->scaler().scale(), 65536.0f);
+    if (step == 1999) {
+      EXPECT_EQ(t->scaler().scale(), 65536.0f);
+    }
   }
   EXPECT_TRUE(clean);
   EXPECT_TRUE(weights_equal) << "master weights differed across ranks after some step";

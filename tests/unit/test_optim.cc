@@ -1,0 +1,307 @@
+// Optimizers (torch.optim.SGD / AdamW formulas), LR schedules and global-norm clipping.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/optim/optimizer.h"
+
+namespace ampdist {
+namespace {
+
+Tensor vec(const std::vector<float>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kFloat32);
+  for (size_t i = 0; i < v.size(); ++i) t.data_as<float>()[i] = v[i];
+  return t;
+}
+
+// FP32 vs a double reference after a few steps: each step is a handful of FP32 roundings (2^-24 relative each), so
+// 1e-6 relative to max(|ref|, 1e-3) leaves room for ~10 roundings while still catching any formula error.
+void expect_close(const Tensor& got, const std::vector<double>& ref, double rel = 1e-6) {
+  ASSERT_EQ(got.numel(), static_cast<int64_t>(ref.size()));
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got.item(i), ref[i], rel * std::max(std::fabs(ref[i]), 1e-3)) << "element " << i;
+}
+
+// torch.optim.SGD, written out independently in double.
+struct SgdRef {
+  double lr, momentum, dampening, wd;
+  bool nesterov;
+  std::vector<double> p, buf;
+  bool first = true;
+  void step(const std::vector<double>& grad) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      double g = grad[i] + wd * p[i];
+      if (momentum != 0) {
+        buf[i] = first ? g : momentum * buf[i] + (1 - dampening) * g;
+        g = nesterov ? g + momentum * buf[i] : buf[i];
+      }
+      p[i] -= lr * g;
+    }
+    first = false;
+  }
+};
+
+const std::vector<float> kP0 = {1.0f, -2.0f, 0.5f, 0.0f};
+const std::vector<std::vector<float>> kGrads = {
+    {0.1f, 0.2f, -0.3f, 1.0f}, {-0.05f, 0.4f, 0.25f, 0.5f}, {0.2f, -0.1f, 0.0f, -0.75f}};
+
+std::vector<double> to_d(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+void run_sgd_case(float lr, float momentum, float dampening, float wd, bool nesterov) {
+  SgdConfig cfg;
+  cfg.set_momentum(momentum);
+  cfg.set_dampening(dampening);
+  cfg.set_nesterov(nesterov);
+  Sgd opt(4, cfg, wd);
+  Tensor p = vec(kP0);
+  SgdRef ref{lr, momentum, dampening, wd, nesterov, to_d(kP0), std::vector<double>(4, 0.0)};
+  for (size_t s = 0; s < kGrads.size(); ++s) {
+    Tensor g = vec(kGrads[s]);
+    opt.step(p, g, lr);
+    ref.step(to_d(kGrads[s]));
+    SCOPED_TRACE("step " + std::to_string(s + 1) + " momentum " + std::to_string(momentum) + " dampening " +
+                 std::to_string(dampening) + " nesterov " + std::to_string(nesterov) + " wd " + std::to_string(wd));
+    expect_close(p, ref.p);
+    EXPECT_EQ(opt.step_count(), static_cast<int64_t>(s + 1));
+  }
+}
+
+TEST(Sgd, PlainStepIsPMinusLrG) {
+  Sgd opt(4, SgdConfig(), 0.0f);
+  Tensor p = vec(kP0), g = vec(kGrads[0]);
+  opt.step(p, g, 0.1f);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(p.item(i), kP0[i] - 0.1f * kGrads[0][i]) << i;  // one FP32 mul and sub
+  EXPECT_EQ(opt.step_count(), 1);
+  EXPECT_TRUE(opt.state().empty());  // no momentum buffer without momentum
+  EXPECT_EQ(opt.kind(), "sgd");
+}
+
+TEST(Sgd, ClosedFormsAgainstTorchFormula) {
+  run_sgd_case(0.1f, 0.0f, 0.0f, 0.0f, false);   // plain
+  run_sgd_case(0.1f, 0.0f, 0.0f, 0.01f, false);  // L2 weight decay added to the gradient
+  run_sgd_case(0.1f, 0.9f, 0.0f, 0.0f, false);   // heavy-ball momentum, 3 steps
+  run_sgd_case(0.1f, 0.9f, 0.0f, 0.01f, false);  // momentum + weight decay
+  run_sgd_case(0.05f, 0.9f, 0.0f, 0.0f, true);   // Nesterov
+  run_sgd_case(0.1f, 0.9f, 0.5f, 0.0f, false);   // dampening (not applied to the first step, as torch)
+}
+
+TEST(Sgd, MomentumHandUnrolled) {
+  // lr 0.1, momentum 0.9, one element p0 = 1, gradients 1, 2, 3:
+  //   b1 = 1            p1 = 1 - 0.1          = 0.9
+  //   b2 = 0.9 + 2 = 2.9  p2 = 0.9 - 0.29      = 0.61
+  //   b3 = 2.61 + 3 = 5.61  p3 = 0.61 - 0.561  = 0.049
+  SgdConfig cfg;
+  cfg.set_momentum(0.9f);
+  Sgd opt(1, cfg, 0.0f);
+  Tensor p = vec({1.0f});
+  const double expect_p[] = {0.9, 0.61, 0.049}, expect_b[] = {1.0, 2.9, 5.61};
+  for (int s = 0; s < 3; ++s) {
+    Tensor g = vec({static_cast<float>(s + 1)});
+    opt.step(p, g, 0.1f);
+    // a few FP32 roundings of values of order 1-6: 1e-6 absolute
+    EXPECT_NEAR(p.item(0), expect_p[s], 1e-6) << "step " << s + 1;
+    ASSERT_EQ(opt.state().size(), 1u);
+    EXPECT_EQ(opt.state()[0].first, "momentum");
+    EXPECT_NEAR(opt.state()[0].second->item(0), expect_b[s], 1e-6) << "step " << s + 1;
+  }
+}
+
+// torch.optim.AdamW, independently in double.
+struct AdamWRef {
+  double lr, b1, b2, eps, wd;
+  std::vector<double> p, m, v;
+  int t = 0;
+  void step(const std::vector<double>& g) {
+    ++t;
+    for (size_t i = 0; i < p.size(); ++i) {
+      p[i] *= 1 - lr * wd;
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      const double mhat = m[i] / (1 - std::pow(b1, t));
+      const double vhat = v[i] / (1 - std::pow(b2, t));
+      p[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+    }
+  }
+};
+
+TEST(AdamW, FirstStepClosedForm) {
+  // Step 1: m_hat = g and v_hat = g^2, so p1 = p0 (1 - lr wd) - lr g / (|g| + eps).
+  AdamWConfig cfg;  // betas (0.9, 0.999), eps 1e-8
+  const float lr = 1e-2f, wd = 0.1f;
+  AdamW opt(4, cfg, wd);
+  const std::vector<float> p0 = {1.0f, 2.0f, -1.0f, 0.5f}, g0 = {0.1f, -0.5f, 1e-3f, 0.0f};
+  Tensor p = vec(p0), g = vec(g0);
+  opt.step(p, g, lr);
+  std::vector<double> ref(4);
+  for (int i = 0; i < 4; ++i)
+    ref[i] = p0[i] * (1.0 - double(lr) * wd) - double(lr) * g0[i] / (std::fabs(double(g0[i])) + 1e-8);
+  expect_close(p, ref);
+  EXPECT_EQ(p.item(3), 0.5f * (1.0f - lr * wd));  // zero gradient: decay only
+  EXPECT_EQ(opt.step_count(), 1);
+}
+
+TEST(AdamW, C7TwoStepsMatchReference) {
+  // Scenario C7: p0 = 1, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.1, gradient 0.1 twice.
+  AdamWConfig cfg;
+  cfg.set_beta1(0.9f);
+  cfg.set_beta2(0.999f);
+  cfg.set_eps(1e-8f);
+  AdamW opt(1, cfg, 0.1f);
+  Tensor p = vec({1.0f});
+  AdamWRef ref{1e-3, 0.9, 0.999, 1e-8, 0.1, {1.0}, {0.0}, {0.0}};
+  for (int s = 0; s < 2; ++s) {
+    Tensor g = vec({0.1f});
+    opt.step(p, g, 1e-3f);
+    ref.step({0.1});
+  }
+  EXPECT_EQ(opt.step_count(), 2);
+  // m = 0.9 * 0.01 + 0.01 = 0.019: a few FP32 roundings, 1e-6 relative.
+  EXPECT_NEAR(opt.exp_avg().item(0), 0.019, 0.019 * 1e-6);
+  // v = 0.999 * 1e-5 + 1e-5 = 1.999e-5. The config holds beta2 as a proto float, fl(0.999) = 0.99900001287, so
+  // 1 - beta2 = 0.000999987 is 1.29e-5 below 0.001 in relative terms and v carries that error (torch, whose betas
+  // are doubles, gets 1.999e-5 to FP32 precision). The update itself does not: the bias correction 1 - beta2^t
+  // uses the same beta2 and cancels it. Hence 2e-5 relative against 1.999e-5 ...
+  EXPECT_NEAR(opt.exp_avg_sq().item(0), 1.999e-5, 1.999e-5 * 2e-5);
+  // ... and 1e-6 relative against the exact value for beta2 = fl(0.999): (1 - b2)(1 + b2) * 0.01.
+  const double b2 = 0.999f;
+  EXPECT_NEAR(opt.exp_avg_sq().item(0), (1 - b2) * (1 + b2) * 0.01, 1.999e-5 * 1e-6);
+  EXPECT_NEAR(p.item(0), ref.p[0], std::fabs(ref.p[0]) * 1e-6);
+  // The reference itself: two decays and two steps of ~lr each.
+  EXPECT_NEAR(ref.p[0], 1.0 * (1 - 1e-4) * (1 - 1e-4) - 2e-3, 1e-6);
+  const auto st = opt.state();
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_EQ(st[0].first, "exp_avg");
+  EXPECT_EQ(st[1].first, "exp_avg_sq");
+  EXPECT_EQ(st[0].second->item(0), opt.exp_avg().item(0));
+}
+
+TEST(AdamW, SeveralStepsMatchReference) {
+  AdamWConfig cfg;
+  cfg.set_beta1(0.8f);
+  cfg.set_beta2(0.99f);
+  cfg.set_eps(1e-6f);
+  AdamW opt(4, cfg, 0.05f);
+  Tensor p = vec(kP0);
+  AdamWRef ref{3e-2, 0.8f, 0.99f, 1e-6f, 0.05f, to_d(kP0), std::vector<double>(4), std::vector<double>(4)};
+  for (int s = 0; s < 6; ++s) {
+    const auto& g = kGrads[s % 3];
+    Tensor gt = vec(g);
+    opt.step(p, gt, 3e-2f);
+    ref.step(to_d(g));
+  }
+  expect_close(p, ref.p, 2e-6);  // 6 steps
+  expect_close(opt.exp_avg(), ref.m, 2e-6);
+  expect_close(opt.exp_avg_sq(), ref.v, 2e-6);
+}
+
+// ---- learning-rate schedules --------------------------------------------------------------------------------------
+
+TEST(LrSchedule, LinearWarmupC6) {
+  ScheduleConfig cfg;
+  cfg.set_warmup_steps(100);
+  LrSchedule s(1.0f, cfg, 1000);
+  EXPECT_EQ(s.lr(0), 0.01f);  // (n + 1) / 100, one correctly rounded division
+  EXPECT_EQ(s.lr(1), 0.02f);
+  EXPECT_EQ(s.lr(2), 0.03f);
+  EXPECT_EQ(s.lr(49), 0.5f);
+  EXPECT_EQ(s.lr(99), 1.0f);
+  EXPECT_EQ(s.lr(100), 1.0f);  // constant afterwards
+  EXPECT_EQ(s.lr(5000), 1.0f);
+}
+
+TEST(LrSchedule, Constant) {
+  ScheduleConfig cfg;  // CONSTANT, no warmup
+  LrSchedule s(0.05f, cfg, 10);
+  for (int64_t n : {0, 1, 9, 10, 1000}) EXPECT_EQ(s.lr(n), 0.05f) << n;
+}
+
+TEST(LrSchedule, CosineAfterWarmup) {
+  ScheduleConfig cfg;
+  cfg.set_kind(COSINE);
+  cfg.set_warmup_steps(10);
+  cfg.set_min_lr(0.1f);
+  LrSchedule s(1.0f, cfg, 110);  // total from the run (cfg.total_steps = 0)
+  EXPECT_EQ(s.lr(0), 0.1f);
+  EXPECT_EQ(s.lr(9), 1.0f);
+  EXPECT_EQ(s.lr(10), 1.0f);                 // the cosine starts at lr
+  EXPECT_FLOAT_EQ(s.lr(60), 0.55f);          // half way: (lr + min_lr) / 2
+  EXPECT_EQ(s.lr(110), 0.1f);                // reaches min_lr at total_steps
+  EXPECT_EQ(s.lr(500), 0.1f);                // and stays there
+  // quarter way: min + (lr - min) (1 + cos(pi/4)) / 2
+  EXPECT_FLOAT_EQ(s.lr(35), static_cast<float>(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI / 4))));
+  for (int64_t n = 10; n < 110; ++n) EXPECT_GE(s.lr(n), s.lr(n + 1)) << n;  // non-increasing
+
+  // cfg.total_steps overrides the run's total.
+  ScheduleConfig c2 = cfg;
+  c2.set_total_steps(20);
+  LrSchedule s2(1.0f, c2, 110);
+  EXPECT_FLOAT_EQ(s2.lr(15), 0.55f);
+  EXPECT_EQ(s2.lr(20), 0.1f);
+}
+
+// ---- clipping -----------------------------------------------------------------------------------------------------
+
+TEST(ClipGradNorm, ScalesByMaxNormOverNorm) {
+  // Scenario C4's numbers: gradient [3, 4], norm 5, max_norm 1.
+  Tensor g = vec({3.0f, 4.0f});
+  const float f = clip_grad_norm(g, 5.0, 1.0f);
+  EXPECT_EQ(f, static_cast<float>(1.0 / (5.0 + 1e-6)));
+  EXPECT_EQ(g.item(0), 3.0f * f);
+  EXPECT_EQ(g.item(1), 4.0f * f);
+  EXPECT_NEAR(g.item(0), 0.6, 2e-7);  // 0.6 * (1 - 2e-7) from the 1e-6 in the denominator
+  EXPECT_NEAR(g.item(1), 0.8, 2e-7);
+}
+
+TEST(ClipGradNorm, NoClipWhenNormBelowMaxOrDisabled) {
+  Tensor g = vec({3.0f, 4.0f});
+  EXPECT_EQ(clip_grad_norm(g, 5.0, 10.0f), 1.0f);
+  EXPECT_EQ(g.item(0), 3.0f);
+  EXPECT_EQ(g.item(1), 4.0f);
+  EXPECT_EQ(clip_grad_norm(g, 5.0, 5.0001f), 1.0f);
+  EXPECT_EQ(g.item(0), 3.0f);
+  EXPECT_EQ(clip_grad_norm(g, 1e30, 0.0f), 1.0f);  // max_norm 0 disables clipping
+  EXPECT_EQ(g.item(0), 3.0f);
+  EXPECT_EQ(g.item(1), 4.0f);
+}
+
+// ---- factory ------------------------------------------------------------------------------------------------------
+
+TEST(MakeOptimizer, PicksKindAndState) {
+  OptimizerConfig plain;
+  auto a = make_optimizer(plain, 8);
+  EXPECT_EQ(a->kind(), "sgd");
+  EXPECT_TRUE(a->state().empty());
+
+  OptimizerConfig mom;
+  mom.mutable_sgd()->set_momentum(0.9f);
+  auto b = make_optimizer(mom, 8);
+  EXPECT_EQ(b->kind(), "sgd");
+  auto sb = b->state();
+  ASSERT_EQ(sb.size(), 1u);
+  EXPECT_EQ(sb[0].first, "momentum");
+  EXPECT_EQ(sb[0].second->numel(), 8);
+
+  OptimizerConfig adam;
+  adam.mutable_adamw();
+  adam.set_weight_decay(0.1f);
+  auto c = make_optimizer(adam, 8);
+  EXPECT_EQ(c->kind(), "adamw");
+  auto sc = c->state();
+  ASSERT_EQ(sc.size(), 2u);
+  EXPECT_EQ(sc[0].first, "exp_avg");
+  EXPECT_EQ(sc[1].first, "exp_avg_sq");
+  EXPECT_EQ(sc[0].second->numel(), 8);
+  EXPECT_EQ(sc[0].second->item(7), 0.0f);  // moments start at zero
+  // The weight decay reaches the optimizer: zero gradient, one step shrinks p by (1 - lr wd).
+  Tensor p = Tensor::zeros({8}, DType::kFloat32), g = Tensor::zeros({8}, DType::kFloat32);
+  p.data_as<float>()[0] = 1.0f;
+  c->step(p, g, 0.5f);
+  EXPECT_EQ(p.item(0), 1.0f - 0.5f * 0.1f);
+}
+
+}  // namespace
+}  // namespace ampdist
