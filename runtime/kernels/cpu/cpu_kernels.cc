@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/kernels/kernels.h"
@@ -26,6 +27,13 @@ void require_numel(const char* op, const Tensor& a, const Tensor& b) {
 template <typename T> inline float to_f(T x) { return static_cast<float>(x); }
 template <typename T> inline T from_f(float x) { return static_cast<T>(x); }
 
+// dst[0..n) = src[0..n) converted, through Eigen's vectorised casts (F16C / AVX packets where the build has them).
+template <typename S, typename D>
+void convert(const S* src, D* dst, int64_t n) {
+  Eigen::Map<Eigen::Array<D, Eigen::Dynamic, 1>>(dst, n) =
+      Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(src, n).template cast<D>();
+}
+
 // Converts a 16-bit (or FP32) host tensor to a FP32 scratch buffer owned by the calling thread, or returns its
 // data unchanged when it already is FP32. Scratch grows to the largest request and is then reused.
 const float* as_fp32(const Tensor& t, std::vector<float>& scratch) {
@@ -33,8 +41,7 @@ const float* as_fp32(const Tensor& t, std::vector<float>& scratch) {
   scratch.resize(std::max<size_t>(scratch.size(), t.numel()));
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* s = static_cast<const T*>(t.data());
-    for (int64_t i = 0, n = t.numel(); i < n; ++i) scratch[i] = to_f(s[i]);
+    convert(static_cast<const T*>(t.data()), scratch.data(), t.numel());
   });
   return scratch.data();
 }
@@ -53,9 +60,15 @@ void cast(const Tensor& src, Tensor& dst) {
     using S = decltype(stag);
     dispatch_dtype(dst.dtype(), [&](auto dtag) {
       using D = decltype(dtag);
-      const S* s = static_cast<const S*>(src.data());
-      D* d = static_cast<D*>(dst.data());
-      for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = from_f<D>(to_f(s[i]));
+      if constexpr (std::is_same_v<S, D>) {
+        std::memcpy(dst.data(), src.data(), src.nbytes());
+      } else if constexpr (std::is_same_v<S, float> || std::is_same_v<D, float>) {
+        convert(static_cast<const S*>(src.data()), static_cast<D*>(dst.data()), src.numel());
+      } else {  // fp16 <-> bf16: through FP32, exactly what a float round trip does
+        const S* s = static_cast<const S*>(src.data());
+        D* d = static_cast<D*>(dst.data());
+        for (int64_t i = 0, n = src.numel(); i < n; ++i) d[i] = from_f<D>(to_f(s[i]));
+      }
     });
   });
 }
@@ -110,8 +123,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (c.dtype() != DType::kFloat32) {
     dispatch_dtype(c.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      T* out = static_cast<T*>(c.data());
-      for (int64_t i = 0; i < m * n; ++i) out[i] = from_f<T>(fc[i]);
+      convert(fc, static_cast<T*>(c.data()), m * n);
     });
   }
 }
@@ -277,12 +289,17 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
   require_numel("sgd_step", params, grads);
   float* w = params.data_as<float>();
   const float* g = grads.data_as<float>();
-  float dummy = 0.0f;
-  float* buf = p.momentum != 0.0f ? momentum_buf.data_as<float>() : nullptr;
-  if (buf) require_numel("sgd_step", params, momentum_buf);
-  for (int64_t i = 0, n = params.numel(); i < n; ++i)
-    math::sgd_update(w[i], g[i], buf ? buf[i] : dummy, p.lr, p.momentum, p.dampening, p.nesterov, p.weight_decay,
-                     p.first_step);
+  const int64_t n = params.numel();
+  if (p.momentum == 0.0f) {
+    float unused = 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      math::sgd_update(w[i], g[i], unused, p.lr, 0.0f, p.dampening, false, p.weight_decay, p.first_step);
+    return;
+  }
+  require_numel("sgd_step", params, momentum_buf);
+  float* buf = momentum_buf.data_as<float>();
+  for (int64_t i = 0; i < n; ++i)
+    math::sgd_update(w[i], g[i], buf[i], p.lr, p.momentum, p.dampening, p.nesterov, p.weight_decay, p.first_step);
 }
 
 void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p) {
