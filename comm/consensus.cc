@@ -7,11 +7,11 @@
 
 namespace ampdist {
 
-bool Consensus::agree(bool local_found_inf, const LossScaler& scaler) {
+Agreement Consensus::agree(bool local_found_inf, const LossScaler& scaler, bool local_stop) {
   ++calls_;
   const double s = scaler.scale();
   const double g = static_cast<double>(scaler.state().growth_tracker);
-  double v[5] = {local_found_inf ? 1.0 : 0.0, s, -s, g, -g};
+  double v[6] = {local_found_inf ? 1.0 : 0.0, s, -s, g, -g, local_stop ? 1.0 : 0.0};
   comm_.allreduce_f64(v, ReduceOp::kMax, "consensus all-reduce");
   if (v[1] != -v[2] || v[3] != -v[4]) {
     uint64_t bits;
@@ -27,7 +27,7 @@ bool Consensus::agree(bool local_found_inf, const LossScaler& scaler) {
     if (v[3] != -v[4]) o << "; growth trackers differ too";
     throw Error(o.str());
   }
-  return v[0] > 0.0;
+  return Agreement{v[0] > 0.0, v[5] > 0.0};
 }
 
 }  // namespace ampdist

@@ -1,12 +1,14 @@
 // The `ampdist` program: `ampdist train --config run.pbtxt`, alone, under mpirun or under srun.
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
 #include "launch/train_command.h"
+#include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +30,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--precision", train.precision, "override precision.dtype: fp32, fp16, bf16 or auto");
   train_cmd->add_option("--set", train.sets, "override one field, e.g. --set optimizer.lr=0.05 (repeatable)");
   train_cmd->add_option("--run-dir", train.run_dir, "directory for metrics.jsonl (default: log.dir or runs/<name>)");
+  train_cmd->add_option("--resume", train.resume,
+                        "auto: continue from the newest complete checkpoint in the checkpoint directory (or start "
+                        "fresh when there is none); PATH: from that checkpoint");
 
   try {
     app.parse(argc, argv);
@@ -39,6 +44,10 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "ampdist: error: %s (see ampdist --help)\n", e.what());
     return 2;
   }
+
+  // SLURM sends SIGUSR1 (--signal) or SIGTERM before a time limit: every rank saves at the next step boundary.
+  std::signal(SIGTERM, [](int) { ampdist::stop_request().store(true); });
+  std::signal(SIGUSR1, [](int) { ampdist::stop_request().store(true); });
 
   int code = 0;
   try {

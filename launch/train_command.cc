@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
+#include <random>
 
 #include "launch/rank_env.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/train/config.h"
 #include "runtime/train/loop.h"
 #include "runtime/train/trainer.h"
@@ -26,11 +29,12 @@ void print_error(int rank, bool prefix_rank, const std::string& message) {
   std::fflush(stderr);
 }
 
-// Every rank reports whether its set-up failed. When any did, the lowest failing rank prints its message (with its
-// rank unless every rank failed alike) and every rank returns the largest exit code. Returns 0 when none failed.
-int agree_on_failure(Communicator& comm, int code, const std::string& message) {
+// Every rank reports whether its set-up failed. When any did, the lowest rank that failed first-hand prints its
+// message (with its rank unless every rank failed alike) and every rank returns the largest exit code. Returns 0
+// when none failed.
+int agree_on_failure(Communicator& comm, int code, const std::string& message, bool secondary) {
   const int world = comm.world_size();
-  int64_t v[2] = {code, code ? world - comm.rank() : 0};
+  int64_t v[2] = {code, code && !secondary ? world - comm.rank() : 0};
   comm.allreduce_i64(v, ReduceOp::kMax, "set-up status all-reduce");
   if (v[0] == 0) return 0;
   int64_t failed[1] = {code ? 1 : 0};
@@ -55,7 +59,8 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   RunConfig cfg;
   std::unique_ptr<Trainer> trainer;
   int code = 0;
-  std::string message;
+  bool secondary = false;
+  std::string message, run_dir, checkpoint_dir, resumed_from;
   try {
     cfg = parse_config_file(args.config);
     if (!args.precision.empty()) {
@@ -67,20 +72,39 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     for (const std::string& s : args.sets) apply_override(cfg, s);
     validate_config(cfg, args.config);
     comm.set_timeout(cfg.comm().timeout_s());
+    run_dir = !args.run_dir.empty() ? args.run_dir : !cfg.log().dir().empty() ? cfg.log().dir() : "runs/" + cfg.name();
+    checkpoint_dir = !cfg.checkpoint().dir().empty() ? cfg.checkpoint().dir() : run_dir + "/checkpoints";
     trainer = make_trainer(cfg, comm);
+    // One run id for every rank: rank 0's random draw.
+    const uint64_t id = comm.allgather_u64(std::random_device{}() * 0x100000000ull + std::random_device{}(),
+                                           "run id gather")[0];
+    trainer->set_run_id(hex16(id));
+    if (!args.resume.empty()) {
+      std::optional<std::string> path;
+      if (args.resume == "auto") {
+        path = find_latest_checkpoint(checkpoint_dir);
+      } else {
+        path = args.resume;
+      }
+      if (path) {
+        CheckpointState state = trainer->checkpoint_state();
+        const Manifest m = load_checkpoint(comm, *path, state);
+        trainer->restore(m);
+        resumed_from = *path + " (step " + std::to_string(m.step()) + ", saved on " + std::to_string(m.world_size()) +
+                       " ranks, master weights hash " + hex16(trainer->masters().hash()) + ")";
+      }
+    }
   } catch (const Error& e) {
     code = e.exit_code();
     message = e.what();
+    secondary = e.secondary();
   } catch (const std::exception& e) {
     code = 1;
     message = e.what();
   }
-  if (int rc = agree_on_failure(comm, code, message)) return rc;
+  if (int rc = agree_on_failure(comm, code, message, secondary)) return rc;
 
   const bool rank0 = comm.rank() == 0;
-  const std::string run_dir = !args.run_dir.empty()      ? args.run_dir
-                              : !cfg.log().dir().empty() ? cfg.log().dir()
-                                                         : "runs/" + cfg.name();
   if (rank0) {
     const int64_t params = trainer->masters().numel();
     std::cout << fmt::format("ampdist train: {} | world size {} ({}) | {} | {}\n", cfg.name(), comm.world_size(),
@@ -93,6 +117,10 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
         trainer->steps_per_epoch(), run_dir);
     const std::string mismatch = launcher_mismatch(comm.world_size());
     if (!mismatch.empty()) std::cout << "warning: " << mismatch << "\n";
+    if (!resumed_from.empty())
+      std::cout << "resumed from " << resumed_from << "\n";
+    else if (args.resume == "auto")
+      std::cout << "no checkpoint in " << checkpoint_dir << ": starting fresh\n";
     std::cout << std::flush;
   }
 
@@ -104,6 +132,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     // One progress line rewritten in place only for a lone process on a terminal: under mpirun a rank's stdout can
     // be a pty even when the user's is a file, so launched ranks print plain lines.
     opt.tty = rank0 && comm.world_size() == 1 && describe_launcher() == "single process" && isatty(STDOUT_FILENO);
+    opt.checkpoint_dir = checkpoint_dir;
     s = run_training(*trainer, opt);
   } catch (const std::exception& e) {
     const Error* err = dynamic_cast<const Error*>(&e);
@@ -116,7 +145,10 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
                              s.train_seconds);
     std::cout << fmt::format("skipped steps: {}\n", s.skipped_steps);
     std::cout << fmt::format("final loss scale: {:g}\n", s.final_scale);
-    std::cout << fmt::format("master weights hash: {}\n", hex16(s.master_hash)) << std::flush;
+    std::cout << fmt::format("master weights hash: {}\n", hex16(s.master_hash));
+    if (!s.last_checkpoint.empty()) std::cout << "checkpoint: " << s.last_checkpoint << "\n";
+    if (s.stopped) std::cout << "stopped early on request; resume with --resume auto\n";
+    std::cout << std::flush;
   }
   return 0;
 }

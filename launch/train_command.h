@@ -13,6 +13,7 @@ struct TrainArgs {
   std::string precision;            // --precision fp32|fp16|bf16|auto ("" = the config's)
   std::vector<std::string> sets;    // --set field=value, applied in order
   std::string run_dir;              // --run-dir DIR ("" = log.dir or runs/<name>)
+  std::string resume;               // --resume auto|PATH ("" = start fresh)
 };
 
 // Returns the process exit code (0 on success). Errors during set-up (bad input) are agreed on by every rank and

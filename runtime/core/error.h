@@ -21,9 +21,14 @@ class Error : public std::runtime_error {
       : std::runtime_error(what), kind_(kind) {}
   ErrorKind kind() const { return kind_; }
   int exit_code() const { return static_cast<int>(kind_); }
+  // A rank that fails only because another rank reported the real problem (a collective check): its message is
+  // not the one to print.
+  bool secondary() const { return secondary_; }
+  void set_secondary() { secondary_ = true; }
 
  private:
   ErrorKind kind_;
+  bool secondary_ = false;
 };
 
 // Bad input named by its source: `BadInput("configs/x.pbtxt", "optimizer.lr must be > 0, got -1")`.

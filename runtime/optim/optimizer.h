@@ -23,6 +23,8 @@ class Optimizer {
   virtual std::string kind() const = 0;  // "sgd", "adamw"
   // Updates applied so far (AdamW's t).
   int64_t step_count() const { return step_count_; }
+  // Restores the count from a checkpoint (the moments come back through state()).
+  void set_step_count(int64_t n) { step_count_ = n; }
   // The per-element state buffers (momentum; m and v), [n] FP32 each, in a fixed order with their names.
   virtual std::vector<std::pair<std::string, Tensor*>> state() = 0;
 

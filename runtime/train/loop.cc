@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "runtime/checkpoint/checkpoint.h"
+
 namespace ampdist {
 namespace {
 
@@ -51,6 +53,22 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   };
 
   RunSummary s;
+  const CheckpointConfig& ck = cfg.checkpoint();
+  const Clock::time_point run_start = Clock::now();
+  Clock::time_point last_save = run_start;
+  auto save = [&](int64_t step) {
+    if (opt.checkpoint_dir.empty()) return;
+    const Clock::time_point t0 = Clock::now();
+    const CrashDuringSave* crash = cfg.fault().has_crash_during_save() ? &cfg.fault().crash_during_save() : nullptr;
+    s.last_checkpoint = save_checkpoint(comm, trainer.checkpoint_state(), opt.checkpoint_dir, ck.keep_last(), crash);
+    last_save = Clock::now();
+    print(fmt::format("saved {} ({:.2f} s)", s.last_checkpoint, seconds_since(t0)), false);
+    if (metrics.is_open()) {
+      nlohmann::json j = {{"type", "checkpoint"}, {"step", step}, {"path", s.last_checkpoint},
+                          {"seconds", seconds_since(t0)}};
+      metrics << j.dump() << "\n" << std::flush;
+    }
+  };
   const int64_t total = trainer.total_steps();
   const int64_t spe = trainer.steps_per_epoch();
   const int64_t every = cfg.log().every_steps();
@@ -77,7 +95,8 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
           false);
   };
 
-  for (int64_t step = 1; step <= total; ++step) {
+  int64_t saved_at = -1;
+  for (int64_t step = trainer.iteration() + 1; step <= total; ++step) {
     const Clock::time_point t0 = Clock::now();
     const StepResult r = trainer.step();
     const double dt = seconds_since(t0);
@@ -89,10 +108,15 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
     samples += r.global_samples;
     s.steps = step;
 
+    bool save_due = ck.every_steps() > 0 && step % ck.every_steps() == 0;
     if (step % every == 0 || step == total) {
-      // The only collective beyond the step's own: the window's loss, summed over ranks, once per log line.
-      double l[1] = {window_loss};
+      // The only collective beyond the step's own: the window's loss summed over ranks, once per log line; it also
+      // carries rank 0's clock verdict for checkpoint.every_minutes, so every rank saves at the same step.
+      const bool minutes_due = rank0 && ck.every_minutes() > 0 &&
+                               seconds_since(last_save) >= 60.0 * static_cast<double>(ck.every_minutes());
+      double l[2] = {window_loss, minutes_due ? 1.0 : 0.0};
       comm.allreduce_f64(l, ReduceOp::kSum, "log loss all-reduce");
+      save_due |= l[1] > 0.0;
       const double mean_loss = l[0] / static_cast<double>(window_steps);
       s.final_loss = mean_loss;
       const double sps = window_samples / std::max(window_train_s, 1e-9);
@@ -119,6 +143,16 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
       window_train_s = 0.0;
     }
 
+    if (save_due || r.stop) {
+      save(step);
+      saved_at = step;
+    }
+    if (r.stop) {
+      print(fmt::format("stopping at step {}: a rank was asked to stop (SIGTERM/SIGUSR1)", step), false);
+      s.stopped = true;
+      break;
+    }
+
     const bool epoch_end = spe > 0 && step % spe == 0;
     const int64_t eval_epochs = cfg.train().eval_every_epochs();
     const int64_t eval_steps = cfg.train().eval_every_steps();
@@ -126,7 +160,10 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                      (eval_steps > 0 && step % eval_steps == 0);
     if (due && step != total) evaluate(step);
   }
-  evaluate(total);
+  if (!s.stopped) {
+    evaluate(total);
+    if (ck.save_final() && saved_at != total && s.steps > 0) save(total);
+  }
 
   s.skipped_steps = trainer.scaler().state().skipped_steps;
   s.final_scale = trainer.scaler().scale();

@@ -13,6 +13,8 @@ struct LoopOptions {
   std::string run_dir;      // metrics.jsonl goes here (rank 0); created if missing
   std::ostream* out = nullptr;  // progress and summary (rank 0 only; null elsewhere)
   bool tty = false;         // rewrite one progress line in place instead of printing plain lines
+  // Where checkpoints go (checkpoint.dir, else <run_dir>/checkpoints); "" disables saving.
+  std::string checkpoint_dir;
 };
 
 struct RunSummary {
@@ -24,9 +26,14 @@ struct RunSummary {
   float final_scale = 1.0f;
   double final_loss = 0.0;     // mean loss of the last logged window
   uint64_t master_hash = 0;    // XXH3-64 of the master weights, verified equal on every rank
+  bool stopped = false;        // stopped early by SIGTERM/SIGUSR1 (after saving)
+  std::string last_checkpoint; // path of the last checkpoint saved by this run, if any
 };
 
-// Runs the configured number of steps (train.steps, or train.epochs epochs), evaluating after every
+// Runs from the trainer's current iteration (0, or a restored checkpoint's) to the configured number of steps
+// (train.steps, or train.epochs epochs), saving checkpoints every checkpoint.every_steps steps, every
+// checkpoint.every_minutes (checked at log steps), at the end (checkpoint.save_final), and when any rank was asked
+// to stop (stop_request(), agreed at the step's consensus), in which case it returns early. Evaluates after every
 // train.eval_every_epochs epochs / train.eval_every_steps steps and at the end. metrics.jsonl gets one JSON object
 // per logged step ({"type":"train",...}) and per evaluation ({"type":"eval",...,"test_accuracy":...}); a new run
 // appends after a {"type":"start",...} record, so nothing already there is lost.

@@ -135,7 +135,9 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
     found_inf |= u.found_inf;
     sum_sq += u.sum_sq;
   }
-  found_inf = consensus_.agree(found_inf, scaler_);
+  const Agreement agreed = consensus_.agree(found_inf, scaler_, stop_request().load());
+  found_inf = agreed.found_inf;
+  r.stop = agreed.stop;
 
   r.loss = loss_sum / static_cast<double>(global_samples);
   r.skipped = found_inf;
@@ -174,6 +176,65 @@ const Tensor& Trainer::maybe_inject_input(const Tensor& x) {
     return injected_x_;
   }
   return x;
+}
+
+std::atomic<bool>& stop_request() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+CheckpointState Trainer::checkpoint_state() {
+  CheckpointState s;
+  Manifest& m = s.meta;
+  m.set_run_id(run_id_);
+  m.set_step(iteration_);
+  const int64_t spe = steps_per_epoch();
+  m.set_epoch(spe > 0 ? iteration_ / spe : 0);
+  m.set_step_in_epoch(spe > 0 ? iteration_ % spe : 0);
+  m.set_global_batch_size(cfg_.data().global_batch_size());
+  m.set_precision(dtype_to_name(working_dtype()));
+  *m.mutable_config() = cfg_;
+  m.mutable_config()->clear_fault();
+  const LossScalerState& st = scaler_.state();
+  m.mutable_scaler()->set_scale(st.scale);
+  m.mutable_scaler()->set_growth_tracker(st.growth_tracker);
+  m.mutable_scaler()->set_hysteresis_tracker(st.hysteresis_tracker);
+  m.mutable_scaler()->set_skipped_steps(st.skipped_steps);
+  m.set_optimizer(optimizer_->kind());
+  m.set_optimizer_step_count(optimizer_->step_count());
+  for (const Parameter* p : masters_->params()) {
+    TensorIndexEntry* t = m.add_tensors();
+    t->set_name(p->name);
+    for (int64_t d : p->shape) t->add_shape(d);
+    t->set_offset(p->offset);
+    t->set_numel(p->numel());
+  }
+  m.set_master_xxh3(masters_->hash());
+  s.buffers.emplace_back("master", &masters_->master());
+  for (auto& b : optimizer_->state()) s.buffers.push_back(b);
+  return s;
+}
+
+void Trainer::restore(const Manifest& m) {
+  iteration_ = m.step();
+  LossScalerState st;
+  st.scale = m.scaler().scale();
+  st.growth_tracker = m.scaler().growth_tracker();
+  st.hysteresis_tracker = m.scaler().hysteresis_tracker();
+  st.skipped_steps = m.scaler().skipped_steps();
+  scaler_.set_state(st);
+  optimizer_->set_step_count(m.optimizer_step_count());
+  if (!m.run_id().empty()) run_id_ = m.run_id();
+  if (sampler_) {
+    // Continue at the same global sample position; with the same global batch (any world size, any
+    // accumulation) that is the same step of the same epoch.
+    const int64_t g = cfg_.data().global_batch_size();
+    const int64_t saved_g = m.global_batch_size() > 0 ? m.global_batch_size() : g;
+    const int64_t step_in_epoch = m.step_in_epoch() * saved_g / g;
+    loader_.reset();
+    loader_ = std::make_unique<Loader>(train_, *sampler_, cfg_.optimizer().accumulation_steps(),
+                                       cfg_.data().prefetch_steps(), m.epoch(), step_in_epoch);
+  }
 }
 
 EvalResult Trainer::evaluate() {

@@ -11,6 +11,9 @@
 #include <span>
 #include <vector>
 
+#include <atomic>
+
+#include "ampdist/checkpoint.pb.h"
 #include "ampdist/config.pb.h"
 #include "comm/communicator.h"
 #include "comm/consensus.h"
@@ -18,6 +21,7 @@
 #include "runtime/amp/autocast.h"
 #include "runtime/amp/loss_scaler.h"
 #include "runtime/amp/master_weights.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
 #include "runtime/nn/module.h"
@@ -33,7 +37,11 @@ struct StepResult {
   double loss = 0.0;           // this rank's share of the step's mean loss (sum over ranks = the mean)
   double grad_norm = 0.0;      // global L2 norm of the unscaled gradient before clipping (NaN when skipped)
   int64_t global_samples = 0;  // samples in the step over all ranks and micro-batches
+  bool stop = false;           // some rank was asked to stop (SIGTERM/SIGUSR1): save and stop after this step
 };
+
+// Set from a signal handler (SIGTERM, SIGUSR1) or a test; read by every step and agreed on by the consensus.
+std::atomic<bool>& stop_request();
 
 struct EvalResult {
   int64_t correct = 0, samples = 0;  // summed over ranks, exact
@@ -60,6 +68,14 @@ class Trainer {
   EvalResult evaluate();
 
   int64_t iteration() const { return iteration_; }
+
+  // The state a checkpoint saves, as views (run_id: the run's identity, kept across resumes).
+  CheckpointState checkpoint_state();
+  // Continues from a loaded checkpoint's manifest: iteration, loss scaler, optimizer step count, sampler position.
+  // The buffers themselves were filled by load_checkpoint through checkpoint_state().
+  void restore(const Manifest& m);
+  const std::string& run_id() const { return run_id_; }
+  void set_run_id(const std::string& id) { run_id_ = id; }
   int64_t steps_per_epoch() const;
   int64_t total_steps() const { return total_steps_; }
   int64_t epoch_of(int64_t iteration) const;  // 0-based epoch of a 1-based iteration
@@ -99,6 +115,7 @@ class Trainer {
   bool final_micro_ = false;
   Tensor injected_x_, eval_x_;
   std::vector<int32_t> eval_y_;
+  std::string run_id_;
 };
 
 // The trainer of a config: its datasets (data {...}), its model (model {...}) with softmax cross-entropy.

@@ -1,0 +1,454 @@
+#include "runtime/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "comm/reducer.h"  // shard_counts
+#include "runtime/core/error.h"
+
+namespace ampdist {
+
+static_assert(std::endian::native == std::endian::little, "shard payloads are little-endian FP32");
+
+namespace fs = std::filesystem;
+namespace pbio = google::protobuf::io;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+std::string shard_name(int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "shard_%05d_of_%05d.pb", rank, world);
+  return buf;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Writes all of `data` to `fd`; false with errno set on failure (a full disk included).
+bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// Writes `contents` to `path` (O_TRUNC), fsynced. Throws Error naming the file.
+void write_file_durably(const std::string& path, const std::string& contents) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw Error(path + ": cannot create: " + errno_text());
+  const bool ok = write_all(fd, contents.data(), contents.size()) && ::fsync(fd) == 0;
+  const std::string err = ok ? "" : errno_text();
+  ::close(fd);
+  if (!ok) throw Error(path + ": write failed: " + err);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw BadInput(path, "cannot be read (missing?)");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s;
+}
+
+// One shard: records of the slice [begin, begin + count) of every buffer, in buffer order.
+struct ShardResult {
+  int64_t bytes = 0, records = 0;
+  uint64_t xxh3 = 0;
+};
+
+ShardResult write_shard(const std::string& path, const CheckpointState& state, int64_t begin, int64_t count,
+                        const CrashDuringSave* crash) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw Error(path + ": cannot create: " + errno_text());
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  ShardResult r;
+  std::string buf;
+  const int64_t per_record = kMaxRecordBytes / static_cast<int64_t>(sizeof(float));
+  try {
+    for (const auto& [name, tensor] : state.buffers) {
+      const float* data = tensor->data_as<float>();
+      for (int64_t off = begin; off < begin + count; off += per_record) {
+        const int64_t n = std::min(per_record, begin + count - off);
+        ShardRecord rec;
+        rec.set_run_id(state.meta.run_id());
+        rec.set_buffer(name);
+        rec.set_offset(off);
+        rec.set_count(n);
+        rec.set_data(reinterpret_cast<const char*>(data + off), static_cast<size_t>(n) * sizeof(float));
+        rec.set_xxh3(XXH3_64bits(rec.data().data(), rec.data().size()));
+        buf.clear();
+        {
+          pbio::StringOutputStream sos(&buf);
+          pbio::CodedOutputStream cos(&sos);
+          cos.WriteVarint32(static_cast<uint32_t>(rec.ByteSizeLong()));
+          rec.SerializeWithCachedSizes(&cos);
+        }
+        if (!write_all(fd, buf.data(), buf.size())) throw Error(path + ": write failed: " + errno_text());
+        XXH3_64bits_update(h, buf.data(), buf.size());
+        r.bytes += static_cast<int64_t>(buf.size());
+        ++r.records;
+      }
+    }
+    if (crash) {
+      // Fault injection: die with the shard half written, as a killed rank would leave it.
+      if (::ftruncate(fd, r.bytes / 2) != 0) throw Error(path + ": truncate failed");
+      ::fsync(fd);
+      std::raise(SIGKILL);
+    }
+    if (::fsync(fd) != 0) throw Error(path + ": fsync failed: " + errno_text());
+  } catch (...) {
+    ::close(fd);
+    XXH3_freeState(h);
+    throw;
+  }
+  ::close(fd);
+  r.xxh3 = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return r;
+}
+
+int64_t step_of(const std::string& dirname) {
+  if (dirname.rfind("step_", 0) != 0 || dirname.size() != 13) return -1;
+  for (size_t i = 5; i < dirname.size(); ++i)
+    if (dirname[i] < '0' || dirname[i] > '9') return -1;
+  return std::stoll(dirname.substr(5));
+}
+
+// Every complete checkpoint (step, path) under dir, ascending by step.
+std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t s = step_of(e.path().filename().string());
+    if (s >= 0 && fs::exists(e.path() / "manifest.pb", ec)) out.emplace_back(s, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+struct Problems {
+  std::vector<std::string> lines;
+  void add(const std::string& s) { lines.push_back(s); }
+};
+
+// Reads every shard of a checkpoint, checking it against the manifest; fills `buffers` (name -> full buffer) when
+// non-null. Problems are collected, not thrown.
+void read_shards(const std::string& path, const Manifest& m, std::map<std::string, std::vector<float>>* buffers,
+                 Problems& p) {
+  const int world = m.world_size();
+  const std::vector<int64_t> counts = shard_counts(m.numel(), std::max(world, 1));
+  std::map<std::string, int64_t> covered;
+  if (m.shards_size() != world)
+    p.add((fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
+          " shards for a world of " + std::to_string(world));
+  int64_t begin = 0;
+  for (int r = 0; r < m.shards_size(); ++r) {
+    const ShardFileInfo& info = m.shards(r);
+    const std::string file = (fs::path(path) / info.file()).string();
+    const int64_t slice_begin = begin, slice_end = begin + (r < world ? counts[r] : 0);
+    begin = slice_end;
+    std::error_code ec;
+    if (!fs::exists(file, ec)) {
+      p.add(file + ": missing shard");
+      continue;
+    }
+    const auto size = static_cast<int64_t>(fs::file_size(file, ec));
+    if (size != info.bytes()) {
+      p.add(file + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(info.bytes()) +
+            " (truncated or overwritten)");
+      continue;
+    }
+    std::string bytes;
+    try {
+      bytes = read_file(file);
+    } catch (const Error& e) {
+      p.add(e.what());
+      continue;
+    }
+    if (XXH3_64bits(bytes.data(), bytes.size()) != info.xxh3()) {
+      p.add(file + ": XXH3 of the file does not match the manifest (corrupted)");
+      continue;
+    }
+    pbio::ArrayInputStream ais(bytes.data(), static_cast<int>(bytes.size()));
+    pbio::CodedInputStream cis(&ais);
+    cis.SetTotalBytesLimit(INT32_MAX);
+    int64_t records = 0;
+    uint32_t len = 0;
+    bool bad = false;
+    while (!bad && cis.ReadVarint32(&len)) {
+      ShardRecord rec;
+      const auto limit = cis.PushLimit(static_cast<int>(len));
+      if (!rec.ParseFromCodedStream(&cis) || !cis.ConsumedEntireMessage()) {
+        p.add(file + ": record " + std::to_string(records) + " does not parse");
+        bad = true;
+        break;
+      }
+      cis.PopLimit(limit);
+      ++records;
+      if (rec.run_id() != m.run_id()) {
+        p.add(file + ": belongs to run " + rec.run_id() + ", the manifest to run " + m.run_id() +
+              " (a manifest from another run?)");
+        bad = true;
+      } else if (static_cast<int64_t>(rec.data().size()) != rec.count() * 4 ||
+                 XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
+        p.add(file + ": record " + std::to_string(records - 1) + " (" + rec.buffer() + ") fails its XXH3 check");
+        bad = true;
+      } else if (rec.offset() < slice_begin || rec.offset() + rec.count() > slice_end) {
+        p.add(file + ": record " + std::to_string(records - 1) + " lies outside rank " + std::to_string(r) +
+              "'s slice");
+        bad = true;
+      } else {
+        covered[rec.buffer()] += rec.count();
+        if (buffers) {
+          auto it = buffers->find(rec.buffer());
+          if (it != buffers->end())
+            std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
+        }
+      }
+    }
+    if (!bad && records != info.records())
+      p.add(file + ": " + std::to_string(records) + " records, the manifest says " + std::to_string(info.records()));
+  }
+  for (const std::string& b : m.buffers())
+    if (p.lines.empty() && covered[b] != m.numel())
+      p.add(path + ": buffer " + b + " covers " + std::to_string(covered[b]) + " of " + std::to_string(m.numel()) +
+            " elements");
+}
+
+// The differences between a checkpoint and the state it would be loaded into.
+void check_compatible(const std::string& path, const Manifest& m, const CheckpointState& into, Problems& p) {
+  const Manifest& cur = into.meta;
+  if (m.tensors_size() != cur.tensors_size()) {
+    p.add(path + ": checkpoint of another model: " + std::to_string(m.tensors_size()) + " tensors, this model has " +
+          std::to_string(cur.tensors_size()));
+    return;
+  }
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const TensorIndexEntry &a = m.tensors(i), &b = cur.tensors(i);
+    std::vector<int64_t> sa(a.shape().begin(), a.shape().end()), sb(b.shape().begin(), b.shape().end());
+    if (a.name() != b.name() || sa != sb || a.offset() != b.offset()) {
+      p.add(path + ": checkpoint of another model: tensor " + std::to_string(i) + " is " + a.name() + " " +
+            shape_str(sa) + ", this model has " + b.name() + " " + shape_str(sb));
+      return;
+    }
+  }
+  if (m.optimizer() != cur.optimizer())
+    p.add(path + ": saved with optimizer " + m.optimizer() + ", this run uses " + cur.optimizer());
+  std::vector<std::string> mb(m.buffers().begin(), m.buffers().end());
+  std::vector<std::string> cb;
+  for (const auto& b : into.buffers) cb.push_back(b.first);
+  if (p.lines.empty() && mb != cb) p.add(path + ": state buffers differ from this run's optimizer state");
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
+                            const CrashDuringSave* crash) {
+  const int rank = comm.rank(), world = comm.world_size();
+  const std::string name = checkpoint_name(state.meta.step());
+  const fs::path tmp = fs::path(dir) / (".tmp_" + name);
+  const fs::path final_path = fs::path(dir) / name;
+  const int64_t numel = state.buffers.empty() ? 0 : state.buffers.front().second->numel();
+
+  // Rank 0 clears a stale temporary directory of an earlier, interrupted save of the same step.
+  std::string error;
+  if (rank == 0) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    } catch (const std::exception& e) {
+      error = std::string("cannot prepare ") + tmp.string() + ": " + e.what();
+    }
+  }
+  comm.barrier("checkpoint directory barrier");
+
+  ShardResult mine;
+  const std::vector<int64_t> counts = shard_counts(numel, world);
+  int64_t begin = 0;
+  for (int r = 0; r < rank; ++r) begin += counts[r];
+  if (error.empty()) {
+    try {
+      const bool die = crash && crash->step() == state.meta.step() && crash->rank() == rank;
+      mine = write_shard((tmp / shard_name(rank, world)).string(), state, begin, counts[rank], die ? crash : nullptr);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Everyone learns whether every shard is on disk before anything is published.
+  int64_t failed[1] = {error.empty() ? 0 : 1};
+  comm.allreduce_i64(failed, ReduceOp::kSum, "checkpoint status all-reduce");
+  const std::vector<uint64_t> bytes = comm.allgather_u64(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");
+  const std::vector<uint64_t> records = comm.allgather_u64(static_cast<uint64_t>(mine.records), "checkpoint shard records");
+  const std::vector<uint64_t> hashes = comm.allgather_u64(mine.xxh3, "checkpoint shard hashes");
+  if (failed[0] > 0)
+    throw Error("checkpoint " + final_path.string() + " not saved: " +
+                (error.empty() ? std::to_string(failed[0]) + " rank(s) failed to write their shard" : error));
+
+  if (rank == 0) {
+    try {
+      Manifest m = state.meta;
+      m.set_format_version(kFormatVersion);
+      m.set_world_size(world);
+      m.set_numel(numel);
+      m.clear_buffers();
+      for (const auto& b : state.buffers) m.add_buffers(b.first);
+      m.clear_shards();
+      for (int r = 0; r < world; ++r) {
+        ShardFileInfo* s = m.add_shards();
+        s->set_rank(r);
+        s->set_file(shard_name(r, world));
+        s->set_bytes(static_cast<int64_t>(bytes[r]));
+        s->set_records(static_cast<int64_t>(records[r]));
+        s->set_xxh3(hashes[r]);
+      }
+      ManifestFile mf;
+      mf.set_manifest(m.SerializeAsString());
+      mf.set_xxh3(XXH3_64bits(mf.manifest().data(), mf.manifest().size()));
+      write_file_durably((tmp / "manifest.pb").string(), mf.SerializeAsString());
+      fsync_path(tmp.string());
+      if (fs::exists(final_path)) fs::remove_all(final_path);  // a re-save of the same step replaces it
+      fs::rename(tmp, final_path);
+      fsync_path(dir);
+      const std::string latest_tmp = (fs::path(dir) / ".latest.tmp").string();
+      write_file_durably(latest_tmp, name + "\n");
+      fs::rename(latest_tmp, fs::path(dir) / "latest");
+      fsync_path(dir);
+      if (keep_last > 0) {
+        auto all = complete_checkpoints(dir);
+        for (size_t i = 0; i + keep_last < all.size(); ++i) fs::remove_all(all[i].second);
+      }
+    } catch (const std::exception& e) {
+      error = std::string("publishing checkpoint ") + final_path.string() + " failed: " + e.what();
+    }
+  }
+  int64_t published[1] = {error.empty() ? 0 : 1};
+  comm.allreduce_i64(published, ReduceOp::kSum, "checkpoint publish all-reduce");
+  if (published[0] > 0) throw Error(error.empty() ? "checkpoint " + final_path.string() + " not published" : error);
+  return final_path.string();
+}
+
+Manifest read_manifest(const std::string& path) {
+  const std::string file = (fs::path(path) / "manifest.pb").string();
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) throw BadInput(path, "no such checkpoint directory");
+  if (!fs::exists(file, ec)) throw BadInput(file, "missing: not a complete checkpoint");
+  const std::string bytes = read_file(file);
+  ManifestFile mf;
+  if (!mf.ParseFromString(bytes) || !mf.has_manifest()) throw BadInput(file, "does not parse as a manifest");
+  if (XXH3_64bits(mf.manifest().data(), mf.manifest().size()) != mf.xxh3())
+    throw BadInput(file, "XXH3 does not match its contents (corrupted)");
+  Manifest m;
+  if (!m.ParseFromString(mf.manifest())) throw BadInput(file, "does not parse as a manifest");
+  if (m.format_version() != kFormatVersion)
+    throw BadInput(file, "format version " + std::to_string(m.format_version()) + ", this build reads " +
+                             std::to_string(kFormatVersion));
+  return m;
+}
+
+std::vector<std::string> verify_checkpoint(const std::string& path) {
+  Problems p;
+  try {
+    const Manifest m = read_manifest(path);
+    read_shards(path, m, nullptr, p);
+  } catch (const Error& e) {
+    p.add(e.what());
+  }
+  return p.lines;
+}
+
+Manifest load_checkpoint(Communicator& comm, const std::string& path, CheckpointState& into) {
+  Problems p;
+  Manifest m;
+  std::map<std::string, std::vector<float>> staged;
+  try {
+    m = read_manifest(path);
+    check_compatible(path, m, into, p);
+    if (p.lines.empty()) {
+      for (const auto& b : into.buffers) staged[b.first].assign(static_cast<size_t>(m.numel()), 0.0f);
+      read_shards(path, m, &staged, p);
+    }
+  } catch (const Error& e) {
+    p.add(e.what());
+  }
+  // Every rank read and checked everything; they agree before any state changes.
+  int64_t bad[1] = {p.lines.empty() ? 0 : 1};
+  comm.allreduce_i64(bad, ReduceOp::kSum, "checkpoint verification all-reduce");
+  if (bad[0] > 0) {
+    if (!p.lines.empty()) throw Error(p.lines.front(), ErrorKind::kBadInput);
+    Error e("checkpoint " + path + " failed verification on another rank", ErrorKind::kBadInput);
+    e.set_secondary();
+    throw e;
+  }
+  for (auto& [name, tensor] : into.buffers) {
+    const std::vector<float>& src = staged.at(name);
+    std::memcpy(tensor->data(), src.data(), src.size() * sizeof(float));
+  }
+  return m;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  const fs::path latest = fs::path(dir) / "latest";
+  if (fs::exists(latest, ec)) {
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    const fs::path p = fs::path(dir) / name;
+    if (step_of(name) >= 0 && verify_checkpoint(p.string()).empty()) return p.string();
+  }
+  auto all = complete_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (verify_checkpoint(it->second).empty()) return it->second;
+  return std::nullopt;
+}
+
+std::vector<float> read_checkpoint_buffer(const std::string& path, const std::string& buffer) {
+  const Manifest m = read_manifest(path);
+  std::map<std::string, std::vector<float>> staged;
+  staged[buffer].assign(static_cast<size_t>(m.numel()), 0.0f);
+  Problems p;
+  read_shards(path, m, &staged, p);
+  if (!p.lines.empty()) throw Error(p.lines.front(), ErrorKind::kBadInput);
+  if (std::find(m.buffers().begin(), m.buffers().end(), buffer) == m.buffers().end())
+    throw BadInput(path, "has no buffer '" + buffer + "'");
+  return std::move(staged[buffer]);
+}
+
+}  // namespace ampdist
