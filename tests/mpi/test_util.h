@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <random>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +71,27 @@ inline bool same_on_all_ranks(Communicator& comm, uint64_t value) {
     if (v != all[0]) return false;
   return true;
 }
+
+// A fresh directory under the system temp dir with the same name on every rank (rank 0's random draw), removed
+// when the object goes out of scope (by rank 0, after a barrier).
+class SharedTempDir {
+ public:
+  explicit SharedTempDir(Communicator& comm) : comm_(comm) {
+    const uint64_t id = comm.allgather_u64(std::random_device{}() * 0x100000000ull + std::random_device{}(), "tmp")[0];
+    path_ = (std::filesystem::temp_directory_path() / ("ampdist_test_" + std::to_string(id))).string();
+    if (comm.rank() == 0) std::filesystem::create_directories(path_);
+    comm.barrier("tmp dir");
+  }
+  ~SharedTempDir() {
+    comm_.barrier("tmp dir cleanup");
+    if (comm_.rank() == 0) std::filesystem::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  Communicator& comm_;
+  std::string path_;
+};
 
 inline uint64_t float_bits(double v) {
   uint64_t b;
