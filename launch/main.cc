@@ -7,6 +7,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
+#include "launch/ckpt_command.h"
 #include "launch/train_command.h"
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
@@ -34,6 +35,21 @@ int main(int argc, char** argv) {
                         "auto: continue from the newest complete checkpoint in the checkpoint directory (or start "
                         "fresh when there is none); PATH: from that checkpoint");
 
+  // `ampdist ckpt ...`: single-process tools, no communicator (under mpirun, rank 0 works and all exit alike).
+  ampdist::CkptArgs ckpt;
+  CLI::App* ckpt_cmd = app.add_subcommand("ckpt", "inspect, verify or export a checkpoint");
+  ckpt_cmd->require_subcommand(1);
+  const char* path_help = "a checkpoint directory (step_XXXXXXXX) or a run's checkpoint directory (its newest)";
+  CLI::App* inspect_cmd = ckpt_cmd->add_subcommand("inspect", "print what a checkpoint's manifest says");
+  inspect_cmd->add_option("path", ckpt.path, path_help)->required();
+  CLI::App* verify_cmd = ckpt_cmd->add_subcommand("verify", "read and check every file of a checkpoint");
+  verify_cmd->add_option("path", ckpt.path, "a checkpoint directory, or a directory of them (each is checked)")
+      ->required();
+  CLI::App* export_cmd = ckpt_cmd->add_subcommand("export", "write the FP32 master weights by tensor name");
+  export_cmd->add_option("path", ckpt.path, path_help)->required();
+  export_cmd->add_option("--format", ckpt.format, "output format: safetensors (the default and only one)");
+  export_cmd->add_option("-o,--output", ckpt.output, "output file (written to FILE.tmp, then renamed)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -43,6 +59,17 @@ int main(int argc, char** argv) {
     // Every rank sees the same command line: one line from rank 0, exit code 2 everywhere.
     if (rank == 0) std::fprintf(stderr, "ampdist: error: %s (see ampdist --help)\n", e.what());
     return 2;
+  }
+
+  if (ckpt_cmd->parsed()) {
+    int code = 0;
+    if (rank == 0) {
+      if (inspect_cmd->parsed()) code = ampdist::run_ckpt_inspect(ckpt);
+      if (verify_cmd->parsed()) code = ampdist::run_ckpt_verify(ckpt);
+      if (export_cmd->parsed()) code = ampdist::run_ckpt_export(ckpt);
+    }
+    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return code;
   }
 
   // SLURM sends SIGUSR1 (--signal) or SIGTERM before a time limit: every rank saves at the next step boundary.

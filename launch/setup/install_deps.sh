@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages that ampdist's build, tests and main job need (only those missing).
-# The CUDA toolkit is optional and not installed here.
+# Installs the Debian 12 packages that ampdist's build, tests and main job need (only those missing), and the Python
+# packages of the checkpoint tests (safetensors, which bookworm does not package) in a virtual environment,
+# build/pyenv, on top of Debian's python3 and numpy. The CUDA toolkit is optional and not installed here.
 set -euo pipefail
+cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.."
 
 packages=(
-  build-essential cmake pkg-config git python3
+  build-essential cmake pkg-config git python3 procps
   libopenmpi-dev openmpi-bin
   libprotobuf-dev protobuf-compiler
   libeigen3-dev libopenblas-dev
   zlib1g-dev libxxhash-dev librandom123-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  python3-numpy python3-venv python3-pip
   dataset-fashion-mnist
 )
 
@@ -20,11 +24,24 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "install_deps: installing ${missing[*]}"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-echo "install_deps: installing ${missing[*]}"
-$sudo apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Python for tests/e2e/check_safetensors.py: Debian's interpreter (not one earlier on PATH) and numpy, plus
+# safetensors from PyPI in build/pyenv. The checkpoint tests use build/pyenv/bin/python3.
+pyenv=build/pyenv
+check='import safetensors.numpy, numpy'
+if [ -x "$pyenv/bin/python3" ] && "$pyenv/bin/python3" -c "$check" 2>/dev/null; then
+  echo "install_deps: $pyenv has safetensors and numpy"
+  exit 0
+fi
+rm -rf "$pyenv"
+/usr/bin/python3 -m venv --system-site-packages "$pyenv"
+"$pyenv/bin/python3" -m pip install -q --disable-pip-version-check 'safetensors>=0.4,<1'
+"$pyenv/bin/python3" -c "$check"
+echo "install_deps: $pyenv has safetensors and numpy"

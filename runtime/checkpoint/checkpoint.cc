@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "comm/reducer.h"  // shard_counts
@@ -156,6 +157,20 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
+// The run id of a shard file's first record (read from its first bytes only), when it parses that far.
+std::optional<std::string> shard_run_id(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  char head[256];
+  in.read(head, sizeof head);
+  pbio::CodedInputStream cis(reinterpret_cast<const uint8_t*>(head), static_cast<int>(in.gcount()));
+  uint32_t len = 0, n = 0;
+  std::string id;
+  if (!cis.ReadVarint32(&len) || cis.ReadTag() != ((1u << 3) | 2u) || !cis.ReadVarint32(&n) || n > 128 ||
+      !cis.ReadString(&id, static_cast<int>(n)))
+    return std::nullopt;
+  return id;
+}
+
 struct Problems {
   std::vector<std::string> lines;
   void add(const std::string& s) { lines.push_back(s); }
@@ -171,6 +186,23 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
   if (m.shards_size() != world)
     p.add((fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
           " shards for a world of " + std::to_string(world));
+  // A manifest copied from another run fails the size and hash checks of shards it never described: when every
+  // shard there is starts with one run id, and not the manifest's, say what is wrong (the manifest), in one line.
+  std::set<std::string> shard_ids;
+  bool all_parse = true;
+  for (const ShardFileInfo& info : m.shards()) {
+    const std::string file = (fs::path(path) / info.file()).string();
+    std::error_code ec;
+    if (!fs::exists(file, ec)) continue;
+    const std::optional<std::string> id = shard_run_id(file);
+    if (id) shard_ids.insert(*id);
+    all_parse = all_parse && id.has_value();
+  }
+  if (all_parse && shard_ids.size() == 1 && *shard_ids.begin() != m.run_id()) {
+    p.add((fs::path(path) / "manifest.pb").string() + ": belongs to run " + m.run_id() + ", the shards to run " +
+          *shard_ids.begin() + " (a manifest from another run?)");
+    return;
+  }
   int64_t begin = 0;
   for (int r = 0; r < m.shards_size(); ++r) {
     const ShardFileInfo& info = m.shards(r);
