@@ -83,6 +83,8 @@ int main(int argc, char** argv) {
   try {
     ampdist::MpiCommunicator comm;
     const std::string dtype = argc > 1 ? argv[1] : "fp16";
+    if (dtype != "fp16" && dtype != "bf16" && dtype != "fp32")
+      throw ampdist::BadInput("custom_model", "expected fp32, fp16 or bf16, got '" + dtype + "'");
     ampdist::RunConfig cfg = ampdist::parse_config_text(R"(
         name: "custom_model"
         model { mlp {} }

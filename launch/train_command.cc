@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -70,11 +71,35 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       apply_override(cfg, "precision.dtype=" + p);
     }
     for (const std::string& s : args.sets) apply_override(cfg, s);
-    validate_config(cfg, args.config);
+    const bool overridden = !args.sets.empty() || !args.precision.empty();
+    validate_config(cfg, args.config + (overridden ? " (with command-line overrides)" : ""));
     comm.set_timeout(cfg.comm().timeout_s());
     run_dir = !args.run_dir.empty() ? args.run_dir : !cfg.log().dir().empty() ? cfg.log().dir() : "runs/" + cfg.name();
     checkpoint_dir = !cfg.checkpoint().dir().empty() ? cfg.checkpoint().dir() : run_dir + "/checkpoints";
+    if (comm.rank() == 0) {
+      // Fail now, with exit code 2 on every rank, rather than at the first log line or save.
+      const std::pair<std::string, std::string> dirs[] = {
+          {run_dir, !args.run_dir.empty() ? "--run-dir" : "log.dir"},
+          {checkpoint_dir, !cfg.checkpoint().dir().empty() ? "checkpoint.dir" : "the run directory's checkpoints/"}};
+      for (const auto& [dir, field] : dirs) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec || !std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+          throw BadInput(dir, field + ": cannot create or write this directory" + (ec ? ": " + ec.message() : ""));
+      }
+    }
     trainer = make_trainer(cfg, comm);
+  } catch (const Error& e) {
+    code = e.exit_code();
+    message = e.what();
+  } catch (const std::exception& e) {
+    code = 1;
+    message = e.what();
+  }
+  // Everything above is local to each rank (no collective), so a rank that failed cannot leave another waiting.
+  if (int rc = agree_on_failure(comm, code, message, false)) return rc;
+
+  try {
     // One run id for every rank: rank 0's random draw.
     const uint64_t id = comm.allgather_u64(std::random_device{}() * 0x100000000ull + std::random_device{}(),
                                            "run id gather")[0];
@@ -117,6 +142,9 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
         trainer->steps_per_epoch(), run_dir);
     const std::string mismatch = launcher_mismatch(comm.world_size());
     if (!mismatch.empty()) std::cout << "warning: " << mismatch << "\n";
+    if (trainer->working_dtype() != DType::kFloat16 && trainer->scaler().mode() != LossScaler::Mode::kNone)
+      std::cout << "warning: " << scaler_desc(trainer->scaler()) << " with " << dtype_name(trainer->working_dtype())
+                << ": loss scaling only changes the numbers here (it exists for fp16's narrow range)\n";
     if (!resumed_from.empty())
       std::cout << "resumed from " << resumed_from << "\n";
     else if (args.resume == "auto")

@@ -55,6 +55,8 @@ struct UnscaleResult {
 };
 // One fused pass: g[i] *= inv_scale, records non-finite elements, accumulates squares. grads: FP32.
 UnscaleResult unscale_and_check(Tensor& grads, float inv_scale);
+// sum_i x[i]^2 over an FP32 tensor, accumulated in double (the global norm of gathered gradients).
+double sum_squares(const Tensor& x);
 // g[i] *= factor (clipping).
 void scale_inplace(Tensor& x, float factor);
 

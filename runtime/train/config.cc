@@ -54,6 +54,9 @@ RunConfig parse_config_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw BadInput(path, "no such config file");
   if (std::filesystem::is_directory(path, ec)) throw BadInput(path, "is a directory, expected a .pbtxt config file");
+  // A FIFO or a device would block the read (and every rank with it); /dev/null reads as an empty config.
+  if (!std::filesystem::is_regular_file(path, ec) && path != "/dev/null")
+    throw BadInput(path, "is not a regular file, expected a .pbtxt config file");
   std::ifstream in(path);
   if (!in) throw BadInput(path, "cannot be read");
   std::stringstream ss;
@@ -92,6 +95,12 @@ void apply_override(RunConfig& cfg, const std::string& assignment) {
     }
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE)
       throw BadInput(where, "'" + parts[i] + "' is a section; set one of its fields");
+    // The value must be one scalar (or one [list] for a repeated field): it is spliced into text format, so
+    // braces or a second field would set other fields behind the user's back.
+    const bool is_string = f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING;
+    if (!is_string && value.find_first_of(f->is_repeated() ? "{}:;\"'" : "{}:;\"'[], \t") != std::string::npos)
+      throw BadInput(where, "bad value '" + value + "' for " + path + ": expected a single " +
+                                (f->is_repeated() ? "[list]" : "value"));
     if (f->is_repeated()) {
       msg->GetReflection()->ClearField(msg, f);
       if (value.front() != '[') value = "[" + value + "]";
@@ -141,6 +150,10 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
     if (!(v >= 0 && v < 1)) fail(field, "must be in [0, 1)", str(v));
   };
 
+  if (cfg.has_name() && (cfg.name().empty() || cfg.name().find('/') != std::string::npos || cfg.name() == "." ||
+                         cfg.name() == ".."))
+    fail("name", "must be a plain name (it names the run directory runs/<name>)", "\"" + cfg.name() + "\"");
+
   // model
   if (!cfg.has_model() || cfg.model().kind_case() == ModelConfig::KIND_NOT_SET)
     throw BadInput(source, "model: set mlp { ... }");
@@ -152,6 +165,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   if (d.kind_case() == DataConfig::KIND_NOT_SET) throw BadInput(source, "data: set idx { ... } or synthetic { ... }");
   positive("data.global_batch_size", static_cast<double>(d.global_batch_size()));
   positive("data.prefetch_steps", d.prefetch_steps());
+  if (d.prefetch_steps() > 64) fail("data.prefetch_steps", "must be <= 64", str(d.prefetch_steps()));
   positive("data.eval_batch_size", static_cast<double>(d.eval_batch_size()));
   if (d.has_idx()) {
     if (d.idx().dir().empty()) fail("data.idx.dir", "must name a directory", "\"\"");
@@ -219,12 +233,18 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   if (c.reduce_dtype() != FP32 && c.reduce_dtype() != FP16 && c.reduce_dtype() != BF16)
     fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(c.reduce_dtype()));
   if (c.mode() == REDUCE_MODE_UNSPECIFIED) fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
-  positive("comm.timeout_s", c.timeout_s());
+  if (!(c.timeout_s() >= 1.0) || !std::isfinite(c.timeout_s()))
+    fail("comm.timeout_s", "must be >= 1 (seconds)", str(c.timeout_s()));
 
   // train, log
   const TrainConfig& t = cfg.train();
   non_negative("train.steps", static_cast<double>(t.steps()));
   if (t.steps() == 0) positive("train.epochs", static_cast<double>(t.epochs()));
+  // Bounds that keep step arithmetic (epochs x steps per epoch, step x global batch) far from int64 overflow.
+  if (t.steps() > (int64_t{1} << 40)) fail("train.steps", "must be <= 2^40", str(t.steps()));
+  if (t.epochs() > 1000000) fail("train.epochs", "must be <= 1000000", str(t.epochs()));
+  if (d.global_batch_size() > (int64_t{1} << 31))
+    fail("data.global_batch_size", "must be <= 2^31", str(d.global_batch_size()));
   non_negative("train.eval_every_epochs", static_cast<double>(t.eval_every_epochs()));
   non_negative("train.eval_every_steps", static_cast<double>(t.eval_every_steps()));
   non_negative("train.threads_per_rank", t.threads_per_rank());

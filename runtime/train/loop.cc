@@ -84,8 +84,9 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
     s.test_correct = e.correct;
     s.test_samples = e.samples;
     if (metrics.is_open()) {
+      // Epochs are 1-based as on the console: an evaluation after the last step of epoch 3 reports epoch 3.
       nlohmann::json j = {{"type", "eval"},          {"step", step},
-                          {"epoch", trainer.epoch_of(std::max<int64_t>(step, 1)) + (spe && step % spe == 0 ? 1 : 0)},
+                          {"epoch", trainer.epoch_of(std::max<int64_t>(step, 1)) + 1},
                           {"test_accuracy", e.accuracy()}, {"test_loss", num(e.loss)},
                           {"test_correct", e.correct},  {"test_samples", e.samples}};
       metrics << j.dump() << "\n" << std::flush;
@@ -124,7 +125,7 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
       if (metrics.is_open()) {
         nlohmann::json j = {{"type", "train"},
                             {"step", step},
-                            {"epoch", trainer.epoch_of(step)},
+                            {"epoch", trainer.epoch_of(step) + 1},
                             {"loss", num(mean_loss)},
                             {"lr", r.lr},
                             {"scale", trainer.scaler().scale()},

@@ -144,9 +144,8 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   r.grad_norm = std::numeric_limits<double>::quiet_NaN();
   if (!found_inf) {
     reducer_->gather();
-    if (reducer_->mode() == Reducer::Mode::kReduceScatter) {
-      sum_sq = kernels::unscale_and_check(masters_->grads(), 1.0f).sum_sq;  // the whole gathered gradient
-    }
+    // Reduce-scatter mode summed squares over this rank's shards only; the norm needs the whole gradient.
+    if (reducer_->mode() == Reducer::Mode::kReduceScatter) sum_sq = kernels::sum_squares(masters_->grads());
     r.grad_norm = std::sqrt(sum_sq);
     clip_grad_norm(masters_->grads(), r.grad_norm, cfg_.optimizer().clip_grad_norm());
     r.lr = schedule_.lr(optimizer_->step_count());

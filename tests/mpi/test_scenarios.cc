@@ -190,8 +190,11 @@ std::vector<MicroBatch> c4_batch() { return {batch({{3, 4}, {3, 4}, {3, 4}, {3, 
 
 TEST(C4, NormIsFiveAndClippedStepIsPointSixPointEight) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
+  for (const std::string mode : {"ALLREDUCE", "REDUCE_SCATTER"}) {
+  SCOPED_TRACE(mode);
   auto t = linear_trainer(config(R"(
       optimizer { sgd {} lr: 1.0 clip_grad_norm: 1.0 }
+      comm { mode: )" + mode + R"( }
       precision { dtype: FP16 static_scale { scale: 1024 } })"), comm, 2, 1);
   const std::vector<float> w0(t->masters().master().data_as<float>(), t->masters().master().data_as<float>() + 2);
   const StepResult r = t->step(c4_batch(), 4 * comm.world_size());
@@ -203,6 +206,7 @@ TEST(C4, NormIsFiveAndClippedStepIsPointSixPointEight) {
   // lr * clip factor = 1 / (5 + 1e-6): the update is 0.6 and 0.8 to within 2e-7 plus FP32 rounding of w.
   EXPECT_NEAR(w1[0] - w0[0], -0.6f, 1e-6);
   EXPECT_NEAR(w1[1] - w0[1], -0.8f, 1e-6);
+  }
 }
 
 TEST(C4, NormUnchangedWhenTheScaleGrowsAndUnscaledOncePerStep) {

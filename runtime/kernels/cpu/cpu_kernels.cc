@@ -278,6 +278,14 @@ UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
   return r;
 }
 
+double sum_squares(const Tensor& x) {
+  require_cpu("sum_squares", x);
+  const float* p = x.data_as<float>();
+  double s = 0.0;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+
 void scale_inplace(Tensor& x, float factor) {
   require_cpu("scale_inplace", x);
   float* p = x.data_as<float>();
