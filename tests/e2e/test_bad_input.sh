@@ -6,6 +6,7 @@
 #   bash tests/e2e/test_bad_input.sh <path-to-ampdist> <source-dir>
 # VERBOSE=1 also shows the error line of every passing case.
 set -u
+command -v pgrep > /dev/null || { echo "not ok - pgrep is missing (Debian package procps): cannot check for leftover ranks"; exit 1; }
 
 if [ $# -lt 1 ]; then
   echo "usage: $0 <path-to-ampdist> [<source-dir>]" >&2

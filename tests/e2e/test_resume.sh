@@ -9,6 +9,7 @@
 #     weights (the hash printed at resume), and training continues.
 # Usage: test_resume.sh AMPDIST_BINARY SOURCE_DIR
 set -u
+command -v pgrep > /dev/null || { echo "not ok - pgrep is missing (Debian package procps): cannot check for leftover ranks"; exit 1; }
 bin="$1"
 src="$2"
 tmp=$(mktemp -d)
@@ -87,6 +88,13 @@ run 2 "$tmp/s_r.txt" --config "$tmp/slow.pbtxt" --run-dir "$tmp/s_k" --resume au
 h_res=$(hash_of "$tmp/s_r.txt")
 [ -n "$h_ref" ] && [ "$h_ref" = "$h_res" ] && ok "SIGUSR1 resume ends bitwise equal to the uninterrupted run ($h_res)" ||
   fail "SIGUSR1 bitwise" "uninterrupted $h_ref, resumed $h_res"
+
+# ---- 2b. checkpoint.every_minutes: rank 0's clock, agreed at log steps --------------------------------------------
+run 2 "$tmp/m.txt" --config "$tmp/slow.pbtxt" --run-dir "$tmp/m" --set train.steps=200 --set log.every_steps=50 \
+  --set checkpoint.every_minutes=0.0001 --set checkpoint.keep_last=0 || fail "every_minutes run" "exit $?"
+saved=$(ls -d "$tmp/m/checkpoints"/step_* 2>/dev/null | xargs -n1 basename | tr '\n' ' ')
+[ "$saved" = "step_00000050 step_00000100 step_00000150 step_00000200 " ] &&
+  ok "checkpoint.every_minutes saves at log steps on every rank: $saved" || fail "every_minutes" "saved: '$saved'"
 
 # ---- 3. another world size ---------------------------------------------------------------------------------------
 saved_hash=$("$bin" ckpt inspect "$ck/step_00000010" 2>/dev/null | sed -n 's/.*master weights hash[: ]*\([0-9a-f]\{16\}\).*/\1/p' | head -1)
