@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -71,6 +72,11 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       apply_override(cfg, "precision.dtype=" + p);
     }
     for (const std::string& s : args.sets) apply_override(cfg, s);
+    // Fault drills without editing a config: AMPDIST_FAULT holds a FaultConfig in text format.
+    if (const char* faults = std::getenv("AMPDIST_FAULT"); faults && *faults) {
+      const RunConfig f = parse_config_text(std::string("fault { ") + faults + " }", "AMPDIST_FAULT");
+      cfg.mutable_fault()->MergeFrom(f.fault());
+    }
     const bool overridden = !args.sets.empty() || !args.precision.empty();
     validate_config(cfg, args.config + (overridden ? " (with command-line overrides)" : ""));
     comm.set_timeout(cfg.comm().timeout_s());

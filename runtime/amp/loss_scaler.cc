@@ -25,18 +25,32 @@ LossScaler LossScaler::fixed(float scale) {
 LossScaler LossScaler::none() { return LossScaler(); }
 
 LossScaler LossScaler::from_config(const PrecisionConfig& cfg, DTypeName resolved_dtype) {
+  LossScaler s;
   switch (cfg.loss_scale_case()) {
-    case PrecisionConfig::kDynamic: return dynamic(cfg.dynamic());
-    case PrecisionConfig::kStaticScale: return fixed(cfg.static_scale().scale());
-    case PrecisionConfig::kNone: return none();
-    case PrecisionConfig::LOSS_SCALE_NOT_SET: break;
+    case PrecisionConfig::kDynamic: s = dynamic(cfg.dynamic()); break;
+    case PrecisionConfig::kStaticScale: s = fixed(cfg.static_scale().scale()); break;
+    case PrecisionConfig::kNone: s = none(); break;
+    case PrecisionConfig::LOSS_SCALE_NOT_SET: s = resolved_dtype == FP16 ? dynamic(DynamicLossScaleConfig()) : none();
   }
-  return resolved_dtype == FP16 ? dynamic(DynamicLossScaleConfig()) : none();
+  s.set_max_consecutive_skips(cfg.max_consecutive_skips());
+  return s;
 }
 
 void LossScaler::update(bool found_inf) {
   ++updates_;
-  if (found_inf) ++state_.skipped_steps;
+  if (found_inf) {
+    ++state_.skipped_steps;
+    if (++state_.consecutive_skips >= max_consecutive_skips_ && max_consecutive_skips_ > 0) {
+      std::ostringstream o;
+      o << state_.consecutive_skips << " consecutive steps had non-finite gradients on some rank "
+        << "(precision.max_consecutive_skips = " << max_consecutive_skips_ << ", loss scale " << state_.scale
+        << "): stopping instead of skipping forever; try a lower optimizer.lr, bf16, precision.fp32_layers for the "
+        << "layer that overflows, or check the input data";
+      throw Error(o.str());
+    }
+  } else {
+    state_.consecutive_skips = 0;
+  }
   if (mode_ != Mode::kDynamic) return;
   if (found_inf) {
     state_.growth_tracker = 0;

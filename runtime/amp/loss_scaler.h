@@ -24,6 +24,7 @@ struct LossScalerState {
   int64_t growth_tracker = 0;      // consecutive clean steps since the last growth or overflow
   int32_t hysteresis_tracker = 1;  // overflows left before the next backoff
   int64_t skipped_steps = 0;       // overflowing steps so far
+  int64_t consecutive_skips = 0;   // overflowing steps since the last clean one
   bool operator==(const LossScalerState&) const = default;
 };
 
@@ -43,8 +44,11 @@ class LossScaler {
   const LossScalerState& state() const { return state_; }
   void set_state(const LossScalerState& s) { state_ = s; }
   int64_t updates() const { return updates_; }  // number of update() calls (one per optimizer step)
+  // Consecutive skipped steps after which update() throws (0 = never): precision.max_consecutive_skips.
+  void set_max_consecutive_skips(int64_t n) { max_consecutive_skips_ = n; }
 
-  // Applies the rule above. Throws ampdist::Error when a backoff would take the scale below min_scale.
+  // Applies the rule above. Throws ampdist::Error when a backoff would take the scale below min_scale, or when the
+  // skipped steps in a row reach the max_consecutive_skips limit; the message says which and what to try.
   void update(bool found_inf);
 
  private:
@@ -52,6 +56,7 @@ class LossScaler {
   DynamicLossScaleConfig cfg_;
   LossScalerState state_;
   int64_t updates_ = 0;
+  int64_t max_consecutive_skips_ = 0;
 };
 
 }  // namespace ampdist

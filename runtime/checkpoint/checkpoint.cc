@@ -85,8 +85,9 @@ struct ShardResult {
   uint64_t xxh3 = 0;
 };
 
+// crash: truncate the shard halfway and SIGKILL this process; fail_errno != 0: fail the first write with it.
 ShardResult write_shard(const std::string& path, const CheckpointState& state, int64_t begin, int64_t count,
-                        const CrashDuringSave* crash) {
+                        bool crash, int fail_errno) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error(path + ": cannot create: " + errno_text());
   XXH3_state_t* h = XXH3_createState();
@@ -113,7 +114,9 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
           cos.WriteVarint32(static_cast<uint32_t>(rec.ByteSizeLong()));
           rec.SerializeWithCachedSizes(&cos);
         }
-        if (!write_all(fd, buf.data(), buf.size())) throw Error(path + ": write failed: " + errno_text());
+        if (fail_errno != 0) errno = fail_errno;
+        if (fail_errno != 0 || !write_all(fd, buf.data(), buf.size()))
+          throw Error(path + ": write failed: " + errno_text());
         XXH3_64bits_update(h, buf.data(), buf.size());
         r.bytes += static_cast<int64_t>(buf.size());
         ++r.records;
@@ -311,7 +314,7 @@ std::string checkpoint_name(int64_t step) {
 }
 
 std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
-                            const CrashDuringSave* crash) {
+                            const FaultConfig* faults) {
   const int rank = comm.rank(), world = comm.world_size();
   const std::string name = checkpoint_name(state.meta.step());
   const fs::path tmp = fs::path(dir) / (".tmp_" + name);
@@ -332,26 +335,47 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
   comm.barrier("checkpoint directory barrier");
 
   ShardResult mine;
+  int write_errno = 0;
   const std::vector<int64_t> counts = shard_counts(numel, world);
   int64_t begin = 0;
   for (int r = 0; r < rank; ++r) begin += counts[r];
   if (error.empty()) {
     try {
-      const bool die = crash && crash->step() == state.meta.step() && crash->rank() == rank;
-      mine = write_shard((tmp / shard_name(rank, world)).string(), state, begin, counts[rank], die ? crash : nullptr);
+      const int64_t step = state.meta.step();
+      const bool die = faults && faults->has_crash_during_save() && faults->crash_during_save().step() == step &&
+                       faults->crash_during_save().rank() == rank;
+      const bool fail = faults && faults->has_save_error() && faults->save_error().step() == step &&
+                        faults->save_error().rank() == rank;
+      mine = write_shard((tmp / shard_name(rank, world)).string(), state, begin, counts[rank], die,
+                         fail ? (faults->save_error().disk_full() ? ENOSPC : EIO) : 0);
     } catch (const std::exception& e) {
       error = e.what();
+      write_errno = errno ? errno : EIO;
     }
   }
-  // Everyone learns whether every shard is on disk before anything is published.
-  int64_t failed[1] = {error.empty() ? 0 : 1};
-  comm.allreduce_i64(failed, ReduceOp::kSum, "checkpoint status all-reduce");
+  // Everyone learns whether every shard is on disk, and which rank failed with what, before anything is published.
+  const std::vector<uint64_t> errnos =
+      comm.allgather_u64(error.empty() ? 0 : (write_errno ? write_errno : EIO), "checkpoint status gather");
+  int64_t failed[1] = {0};
+  std::string who;
+  for (int r = 0; r < world; ++r) {
+    if (errnos[r] == 0) continue;
+    ++failed[0];
+    if (who.empty())
+      who = "rank " + std::to_string(r) + " could not write its shard: " + std::strerror(static_cast<int>(errnos[r]));
+  }
   const std::vector<uint64_t> bytes = comm.allgather_u64(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");
   const std::vector<uint64_t> records = comm.allgather_u64(static_cast<uint64_t>(mine.records), "checkpoint shard records");
   const std::vector<uint64_t> hashes = comm.allgather_u64(mine.xxh3, "checkpoint shard hashes");
-  if (failed[0] > 0)
+  if (failed[0] > 0) {
+    // Nothing of this save is kept (it may be what filled the disk); nothing older was touched.
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
     throw Error("checkpoint " + final_path.string() + " not saved: " +
-                (error.empty() ? std::to_string(failed[0]) + " rank(s) failed to write their shard" : error));
+                (who.empty() ? error : who) + (failed[0] > 1 ? " (and " + std::to_string(failed[0] - 1) + " more)" : ""));
+  }
 
   if (rank == 0) {
     try {

@@ -37,10 +37,11 @@ struct CheckpointState {
 std::string checkpoint_name(int64_t step);
 
 // Collective. Writes the checkpoint of state.meta.step() under `dir` and returns its path. Throws Error (kRuntime) on
-// every rank when any rank failed to write (the previous checkpoints stay as they were). crash: fault injection for
-// tests (the named rank truncates its shard halfway and kills itself).
+// every rank when any rank failed to write; the partial directory is removed and the previous checkpoints stay as
+// they were. faults: fault injection for tests (fault.crash_during_save: the named rank truncates its shard halfway
+// and kills itself; fault.save_error: the named rank's write fails with ENOSPC or EIO).
 std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
-                            const CrashDuringSave* crash = nullptr);
+                            const FaultConfig* faults = nullptr);
 
 // Reads and verifies <path>/manifest.pb (no shards). Throws Error (kBadInput) naming the file.
 Manifest read_manifest(const std::string& path);

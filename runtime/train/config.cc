@@ -250,6 +250,16 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   non_negative("train.threads_per_rank", t.threads_per_rank());
   positive("log.every_steps", static_cast<double>(cfg.log().every_steps()));
 
+  if (p.on_nonfinite() == NONFINITE_POLICY_UNSPECIFIED)
+    fail("precision.on_nonfinite", "must be SKIP or DROP_RANK", "UNSPECIFIED");
+  non_negative("precision.max_consecutive_skips", static_cast<double>(p.max_consecutive_skips()));
+  if (cfg.checkpoint().on_save_error() == SAVE_ERROR_POLICY_UNSPECIFIED)
+    fail("checkpoint.on_save_error", "must be CONTINUE or STOP", "UNSPECIFIED");
+  non_negative("checkpoint.every_steps", static_cast<double>(cfg.checkpoint().every_steps()));
+  non_negative("checkpoint.every_minutes", cfg.checkpoint().every_minutes());
+  non_negative("checkpoint.keep_last", cfg.checkpoint().keep_last());
+  if (cfg.fault().has_stall()) non_negative("fault.stall.seconds", cfg.fault().stall().seconds());
+
   for (int i = 0; i < cfg.fault().inject_nonfinite_size(); ++i) {
     const NonFiniteInjection& f = cfg.fault().inject_nonfinite(i);
     const std::string field = "fault.inject_nonfinite[" + std::to_string(i) + "]";

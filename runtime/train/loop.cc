@@ -59,8 +59,22 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   auto save = [&](int64_t step) {
     if (opt.checkpoint_dir.empty()) return;
     const Clock::time_point t0 = Clock::now();
-    const CrashDuringSave* crash = cfg.fault().has_crash_during_save() ? &cfg.fault().crash_during_save() : nullptr;
-    s.last_checkpoint = save_checkpoint(comm, trainer.checkpoint_state(), opt.checkpoint_dir, ck.keep_last(), crash);
+    try {
+      s.last_checkpoint =
+          save_checkpoint(comm, trainer.checkpoint_state(), opt.checkpoint_dir, ck.keep_last(), &cfg.fault());
+    } catch (const Error& e) {
+      // Every rank gets the same verdict from save_checkpoint, so every rank continues or stops alike.
+      ++s.failed_saves;
+      if (metrics.is_open()) {
+        nlohmann::json j = {{"type", "checkpoint_error"}, {"step", step}, {"error", e.what()}};
+        metrics << j.dump() << "\n" << std::flush;
+      }
+      if (ck.on_save_error() == STOP) throw;
+      if (rank0 && opt.out)
+        *opt.out << "warning: " << e.what() << "; the previous checkpoint is intact and training continues "
+                 << "(checkpoint.on_save_error: CONTINUE)\n" << std::flush;
+      return;
+    }
     last_save = Clock::now();
     print(fmt::format("saved {} ({:.2f} s)", s.last_checkpoint, seconds_since(t0)), false);
     if (metrics.is_open()) {
@@ -107,6 +121,7 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
     window_steps += 1;
     window_samples += r.global_samples;
     samples += r.global_samples;
+    s.dropped_contributions += r.dropped_ranks;
     s.steps = step;
 
     bool save_due = ck.every_steps() > 0 && step % ck.every_steps() == 0;
@@ -130,6 +145,7 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                             {"lr", r.lr},
                             {"scale", trainer.scaler().scale()},
                             {"skipped_steps", st.skipped_steps},
+                            {"dropped_rank_steps", s.dropped_contributions},
                             {"grad_norm", num(r.grad_norm)},
                             {"samples_per_s", sps},
                             {"time_s", s.train_seconds}};
@@ -180,6 +196,8 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
     nlohmann::json j = {{"type", "summary"},
                         {"steps", s.steps},
                         {"skipped_steps", s.skipped_steps},
+                        {"dropped_rank_steps", s.dropped_contributions},
+                        {"failed_saves", s.failed_saves},
                         {"test_accuracy", s.test_accuracy},
                         {"samples_per_s", s.samples_per_s},
                         {"final_scale", s.final_scale},

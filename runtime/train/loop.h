@@ -27,6 +27,8 @@ struct RunSummary {
   double final_loss = 0.0;     // mean loss of the last logged window
   uint64_t master_hash = 0;    // XXH3-64 of the master weights, verified equal on every rank
   bool stopped = false;        // stopped early by SIGTERM/SIGUSR1 (after saving)
+  int64_t failed_saves = 0;    // checkpoint saves that failed and were passed over (on_save_error: CONTINUE)
+  int64_t dropped_contributions = 0;  // rank-steps whose non-finite gradient was dropped (on_nonfinite: DROP_RANK)
   std::string last_checkpoint; // path of the last checkpoint saved by this run, if any
 };
 

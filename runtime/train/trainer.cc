@@ -1,6 +1,10 @@
 #include "runtime/train/trainer.h"
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <thread>
 
@@ -109,14 +113,19 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   r.global_samples = global_samples;
   comm_.set_step(iteration_);
 
+  apply_faults();
+  const bool drop_mode = cfg_.precision().on_nonfinite() == DROP_RANK;
+
   masters_->cast_to_working();
   // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
   // neither accumulation nor world size changes the gradient; the scale multiplies it once.
   const float grad_scale = static_cast<float>(scaler_.scale() / static_cast<double>(global_samples));
   double loss_sum = 0.0;
+  int64_t local_samples = 0;
   for (size_t k = 0; k < micro.size(); ++k) {
     final_micro_ = k + 1 == micro.size();
-    reducer_->begin_backward(final_micro_);
+    local_samples += micro[k].size();
+    reducer_->begin_backward(final_micro_ && !drop_mode);  // DROP_RANK reduces only after the local check
     const Tensor& x = k == 0 ? maybe_inject_input(micro[k].x) : micro[k].x;
     const Tensor& logits = model_->forward(x);
     loss_sum += criterion_->forward(logits, micro[k].y);
@@ -124,14 +133,20 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
     grad_ctx_.need_input_grad = false;
     model_->backward(criterion_->backward(grad_scale), grad_ctx_);
   }
+  double mean_correction = 1.0;
+  if (drop_mode) {
+    mean_correction = drop_nonfinite_ranks(local_samples, global_samples, r);
+    reducer_->begin_backward(true);  // wait() launches every bucket
+  }
   reducer_->wait();
 
   // One fused pass over the reduced gradient this rank holds: unscale, find non-finite values, sum squares.
-  bool found_inf = false;
+  bool found_inf = mean_correction == 0.0;
   double sum_sq = 0.0;
+  const float inv_scale = static_cast<float>(scaler_.inv_scale() * mean_correction);
   for (const GradSpan& s : reducer_->owned()) {
     Tensor g = Tensor::view(masters_->grads().data_as<float>() + s.begin, {s.count}, DType::kFloat32);
-    const kernels::UnscaleResult u = kernels::unscale_and_check(g, scaler_.inv_scale());
+    const kernels::UnscaleResult u = kernels::unscale_and_check(g, inv_scale);
     found_inf |= u.found_inf;
     sum_sq += u.sum_sq;
   }
@@ -153,6 +168,32 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   }
   scaler_.update(found_inf);
   return r;
+}
+
+void Trainer::apply_faults() {
+  const FaultConfig& f = cfg_.fault();
+  if (f.has_kill() && f.kill().step() == iteration_ && f.kill().rank() == comm_.rank()) {
+    std::fprintf(stderr, "ampdist: fault injection: rank %d kills itself at step %lld\n", comm_.rank(),
+                 static_cast<long long>(iteration_));
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+  if (f.has_stall() && f.stall().step() == iteration_ && f.stall().rank() == comm_.rank())
+    std::this_thread::sleep_for(std::chrono::duration<double>(f.stall().seconds()));
+}
+
+double Trainer::drop_nonfinite_ranks(int64_t local_samples, int64_t global_samples, StepResult& r) {
+  Tensor& g = masters_->grads();
+  const bool bad = kernels::unscale_and_check(g, 1.0f).found_inf;  // a read-only check: factor 1 changes nothing
+  double v[2] = {bad ? 1.0 : 0.0, bad ? static_cast<double>(local_samples) : 0.0};
+  comm_.allreduce_f64(v, ReduceOp::kSum, "non-finite rank count all-reduce");
+  r.dropped_ranks = static_cast<int>(v[0]);
+  r.dropped_samples = static_cast<int64_t>(v[1]);
+  if (bad) std::memset(g.data(), 0, g.nbytes());
+  const int64_t kept = global_samples - r.dropped_samples;
+  // Each rank's loss was divided by the whole step's sample count; the mean over the kept samples is the sum
+  // times global / kept.
+  return kept > 0 ? static_cast<double>(global_samples) / static_cast<double>(kept) : 0.0;
 }
 
 void Trainer::on_grad_ready(Parameter& p) {
@@ -199,6 +240,7 @@ CheckpointState Trainer::checkpoint_state() {
   m.mutable_scaler()->set_growth_tracker(st.growth_tracker);
   m.mutable_scaler()->set_hysteresis_tracker(st.hysteresis_tracker);
   m.mutable_scaler()->set_skipped_steps(st.skipped_steps);
+  m.mutable_scaler()->set_consecutive_skips(st.consecutive_skips);
   m.set_optimizer(optimizer_->kind());
   m.set_optimizer_step_count(optimizer_->step_count());
   for (const Parameter* p : masters_->params()) {
@@ -221,6 +263,7 @@ void Trainer::restore(const Manifest& m) {
   st.growth_tracker = m.scaler().growth_tracker();
   st.hysteresis_tracker = m.scaler().hysteresis_tracker();
   st.skipped_steps = m.scaler().skipped_steps();
+  st.consecutive_skips = m.scaler().consecutive_skips();
   scaler_.set_state(st);
   optimizer_->set_step_count(m.optimizer_step_count());
   if (!m.run_id().empty()) run_id_ = m.run_id();

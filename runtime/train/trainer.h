@@ -38,6 +38,8 @@ struct StepResult {
   double grad_norm = 0.0;      // global L2 norm of the unscaled gradient before clipping (NaN when skipped)
   int64_t global_samples = 0;  // samples in the step over all ranks and micro-batches
   bool stop = false;           // some rank was asked to stop (SIGTERM/SIGUSR1): save and stop after this step
+  int dropped_ranks = 0;       // on_nonfinite DROP_RANK: ranks whose non-finite gradient was left out
+  int64_t dropped_samples = 0; // and their samples
 };
 
 // Set from a signal handler (SIGTERM, SIGUSR1) or a test; read by every step and agreed on by the consensus.
@@ -94,6 +96,10 @@ class Trainer {
 
  private:
   void on_grad_ready(Parameter& p);
+  void apply_faults();
+  // DROP_RANK: agrees on which ranks' local gradients are non-finite, zeroes this rank's if so, and returns the
+  // factor that turns the sum over the remaining ranks into their mean (0 when no rank is left).
+  double drop_nonfinite_ranks(int64_t local_samples, int64_t global_samples, StepResult& r);
   const Tensor& maybe_inject_input(const Tensor& x);
 
   RunConfig cfg_;

@@ -204,3 +204,32 @@ TEST(LossScaler, FromConfig) {
 
 }  // namespace
 }  // namespace ampdist
+
+namespace {
+
+TEST(LossScalerLimits, MaxConsecutiveSkipsStopsTheRunAndNamesTheField) {
+  ampdist::LossScaler s = ampdist::LossScaler::none();
+  s.set_max_consecutive_skips(3);
+  s.update(true);
+  s.update(true);
+  s.update(false);  // a clean step resets the run of skips
+  EXPECT_EQ(s.state().consecutive_skips, 0);
+  s.update(true);
+  s.update(true);
+  try {
+    s.update(true);
+    FAIL() << "the third consecutive skip must stop the run";
+  } catch (const ampdist::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("precision.max_consecutive_skips = 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LossScalerLimits, FromConfigAppliesTheDefaultLimitOf100) {
+  ampdist::PrecisionConfig cfg;
+  cfg.set_dtype(ampdist::BF16);
+  ampdist::LossScaler s = ampdist::LossScaler::from_config(cfg, ampdist::BF16);
+  for (int i = 0; i < 99; ++i) s.update(true);
+  EXPECT_THROW(s.update(true), ampdist::Error);
+}
+
+}  // namespace
