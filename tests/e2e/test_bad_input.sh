@@ -5,52 +5,17 @@
 #
 #   bash tests/e2e/test_bad_input.sh <path-to-ampdist> <source-dir>
 # VERBOSE=1 also shows the error line of every passing case.
-set -u
-command -v pgrep > /dev/null || { echo "not ok - pgrep is missing (Debian package procps): cannot check for leftover ranks"; exit 1; }
+source "$(dirname "$0")/lib.sh" bad_input "$@"
 
-if [ $# -lt 1 ]; then
-  echo "usage: $0 <path-to-ampdist> [<source-dir>]" >&2
-  exit 2
-fi
-AMPDIST=$(readlink -f "$1")
 REAL_DATA=/usr/share/datasets/fashion-mnist
-# CTest sets these; set them when the script is run by hand as root too.
-export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
-export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 MPIRUN=(mpirun -q --oversubscribe -np 2)
 
-if [ ! -x "$AMPDIST" ]; then
-  echo "not ok - setup: $1 is not an executable"
-  exit 1
-fi
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
   if [ ! -e "$REAL_DATA/$f.gz" ] && [ ! -e "$REAL_DATA/$f" ]; then
     echo "not ok - setup: $REAL_DATA/$f(.gz) is missing (install dataset-fashion-mnist)"
     exit 1
   fi
 done
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/ampdist_bad_input.XXXXXX")
-# shellcheck disable=SC2317  # called by the trap
-cleanup() {
-  # Only processes whose command line names this run's own temp dir: ours, if any outlived a failed case.
-  local pids
-  pids=$(pgrep -f "$TMP" || true)
-  # shellcheck disable=SC2086  # one pid a word
-  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-FAILED=0
-ok() { echo "ok - $1"; }
-not_ok() {
-  echo "not ok - $1: $2"
-  FAILED=1
-}
-
-# Shows a captured output under a failing case, indented, so the log says what went wrong.
-show() { sed -e 's/^/    | /' "$1" | head -20; }
 
 # check_error CASE OUT RC NEEDLE...: the assertions for one bad-input run.
 check_error() {

@@ -11,44 +11,11 @@
 # is never chosen.
 #
 #   bash tests/e2e/test_checkpoint_corruption.sh <path-to-ampdist> <source-dir>
-set -u
+source "$(dirname "$0")/lib.sh" ckpt_corrupt "$@"
 
-if [ $# -lt 2 ]; then
-  echo "usage: $0 <path-to-ampdist> <source-dir>" >&2
-  exit 2
-fi
-AMPDIST=$(readlink -f "$1")
-SRC=$(readlink -f "$2")
 CFG="$SRC/configs/fashion_mnist_mlp.pbtxt"
-export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
-export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 MPIRUN=(mpirun -q --oversubscribe -np 2)
 TRAIN=(train --config "$CFG" --set checkpoint.every_steps=10)
-
-if [ ! -x "$AMPDIST" ]; then
-  echo "not ok - setup: $1 is not an executable"
-  exit 1
-fi
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/ampdist_ckpt_corrupt.XXXXXX")
-# shellcheck disable=SC2317  # called by the trap
-cleanup() {
-  # Only processes whose command line names this run's own temp dir: ours, if any outlived a failed case.
-  local pids
-  pids=$(pgrep -f "$TMP" || true)
-  # shellcheck disable=SC2086  # one pid a word
-  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-FAILED=0
-ok() { echo "ok - $1"; }
-not_ok() {
-  echo "not ok - $1: $2"
-  FAILED=1
-}
-show() { sed -e 's/^/    | /' "$1" | head -20; }
 
 # train_run NAME OUTFILE ARGS...: a training run on 2 ranks that must succeed; stops the test when it does not.
 train_run() {

@@ -7,43 +7,10 @@
 #   bash tests/e2e/test_checkpoint_tools.sh <path-to-ampdist> <source-dir>
 # The Python check needs safetensors and numpy (launch/setup/install_deps.sh puts them in build/pyenv); without
 # them the test fails. AMPDIST_PYTHON names another interpreter to use.
-set -u
+source "$(dirname "$0")/lib.sh" ckpt_tools "$@"
 
-if [ $# -lt 2 ]; then
-  echo "usage: $0 <path-to-ampdist> <source-dir>" >&2
-  exit 2
-fi
-AMPDIST=$(readlink -f "$1")
-SRC=$(readlink -f "$2")
 CFG="$SRC/configs/fashion_mnist_mlp.pbtxt"
-export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
-export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 MPIRUN=(mpirun -q --oversubscribe -np 2)
-
-if [ ! -x "$AMPDIST" ]; then
-  echo "not ok - setup: $1 is not an executable"
-  exit 1
-fi
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/ampdist_ckpt_tools.XXXXXX")
-# shellcheck disable=SC2317  # called by the trap
-cleanup() {
-  # Only processes whose command line names this run's own temp dir: ours, if any outlived a failed case.
-  local pids
-  pids=$(pgrep -f "$TMP" || true)
-  # shellcheck disable=SC2086  # one pid a word
-  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-FAILED=0
-ok() { echo "ok - $1"; }
-not_ok() {
-  echo "not ok - $1: $2"
-  FAILED=1
-}
-show() { sed -e 's/^/    | /' "$1" | head -30; }
 
 # error_line_problem OUT RC WANT_RC NEEDLE: why OUT is not exactly one line "ampdist: error: ..." naming NEEDLE with
 # exit code WANT_RC ("" when it is).

@@ -9,28 +9,18 @@
 #  4. max_consecutive_skips: non-finite gradients at every step stop the run with a message naming the limit;
 #  5. poisoned input on one rank with on_nonfinite DROP_RANK: no step skipped, the drop counted in metrics.jsonl.
 # Usage: test_faults.sh AMPDIST_BINARY SOURCE_DIR
-set -u
-command -v pgrep > /dev/null || { echo "not ok - pgrep is missing (Debian package procps)"; exit 1; }
-bin="$1"
-tmp=$(mktemp -d)
-trap 'pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
-unset AMPDIST_FAULT
-failures=0
-ok() { echo "ok - $1"; }
-fail() { echo "not ok - $1: $2"; failures=$((failures + 1)); }
-hash_of() { sed -n 's/^master weights hash: \([0-9a-f]\{16\}\)$/\1/p' "$1"; }
+source "$(dirname "$0")/lib.sh" faults "$@"
 run() {  # run NP OUT ARGS...
   local np=$1 out=$2
   shift 2
-  timeout 300 mpirun -q --oversubscribe -np "$np" "$bin" train "$@" > "$out" 2>&1
+  timeout 300 mpirun -q --oversubscribe -np "$np" "$AMPDIST" train "$@" > "$out" 2>&1
 }
 no_leftovers() {  # no_leftovers TAG DIR
   sleep 0.5
-  if pgrep -f "$2" > /dev/null; then fail "$1" "ampdist processes left running"; else ok "$1: no process left"; fi
+  if pgrep -f "$2" > /dev/null; then not_ok "$1" "ampdist processes left running"; else ok "$1: no process left"; fi
 }
 
-cat > "$tmp/job.pbtxt" <<'PB'
+cat > "$TMP/job.pbtxt" <<'PB'
 name: "job"
 model { mlp { hidden: [512, 128] } }
 data { synthetic { train_samples: 16384 test_samples: 512 features: 256 classes: 10 noise: 2.0 } global_batch_size: 64 }
@@ -40,101 +30,101 @@ train { steps: 300 eval_every_epochs: 0 }
 log { every_steps: 50 }
 checkpoint { every_steps: 25 keep_last: 2 }
 PB
-cfg=(--config "$tmp/job.pbtxt")
+cfg=(--config "$TMP/job.pbtxt")
 
 for np in 2 4; do
-  run "$np" "$tmp/ref$np.txt" "${cfg[@]}" --run-dir "$tmp/ref$np" || fail "reference run on $np ranks" "exit $?"
-  ref=$(hash_of "$tmp/ref$np.txt")
+  run "$np" "$TMP/ref$np.txt" "${cfg[@]}" --run-dir "$TMP/ref$np" || not_ok "reference run on $np ranks" "exit $?"
+  ref=$(hash_of "$TMP/ref$np.txt")
 
   # 1a. external SIGKILL of one rank at a random moment after training started
-  dir="$tmp/kill$np"
-  ( run "$np" "$tmp/kill$np.txt" "${cfg[@]}" --run-dir "$dir"; echo $? > "$tmp/kill$np.rc" ) &
-  for _ in $(seq 1 200); do grep -q "^step " "$tmp/kill$np.txt" 2>/dev/null && break; sleep 0.05; done
+  dir="$TMP/kill$np"
+  ( run "$np" "$TMP/kill$np.txt" "${cfg[@]}" --run-dir "$dir"; echo $? > "$TMP/kill$np.rc" ) &
+  for _ in $(seq 1 200); do grep -q "^step " "$TMP/kill$np.txt" 2>/dev/null && break; sleep 0.05; done
   sleep "0.$((RANDOM % 9))"
-  victim=$(pgrep -f "^$bin train --config $tmp/job.pbtxt --run-dir $dir\$" | shuf -n 1)
+  victim=$(pgrep -f "^$AMPDIST train --config $TMP/job.pbtxt --run-dir $dir\$" | shuf -n 1)
   start=$(date +%s)
   kill -9 "$victim" 2>/dev/null
   wait
-  rc=$(cat "$tmp/kill$np.rc")
+  rc=$(cat "$TMP/kill$np.rc")
   took=$(( $(date +%s) - start ))
-  if grep -q "^master weights hash" "$tmp/kill$np.txt"; then
-    fail "kill on $np ranks" "the run finished before the kill; nothing was tested"
+  if grep -q "^master weights hash" "$TMP/kill$np.txt"; then
+    not_ok "kill on $np ranks" "the run finished before the kill; nothing was tested"
   elif [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 30 ]; then
     ok "kill -9 of one of $np ranks: the job exits $rc within ${took}s"
   else
-    fail "kill on $np ranks" "exit $rc after ${took}s"
+    not_ok "kill on $np ranks" "exit $rc after ${took}s"
   fi
   no_leftovers "kill on $np ranks" "$dir"
-  run "$np" "$tmp/kill$np.r.txt" "${cfg[@]}" --run-dir "$dir" --resume auto || fail "resume after kill" "exit $?"
-  got=$(hash_of "$tmp/kill$np.r.txt")
-  [ -n "$ref" ] && [ "$ref" = "$got" ] && ok "resume after the kill on $np ranks ends bitwise equal ($got, $(grep -o 'step [0-9]*,' "$tmp/kill$np.r.txt" | head -1))" ||
-    fail "resume after kill on $np ranks" "uninterrupted $ref, resumed $got"
+  run "$np" "$TMP/kill$np.r.txt" "${cfg[@]}" --run-dir "$dir" --resume auto || not_ok "resume after kill" "exit $?"
+  got=$(hash_of "$TMP/kill$np.r.txt")
+  [ -n "$ref" ] && [ "$ref" = "$got" ] && ok "resume after the kill on $np ranks ends bitwise equal ($got, $(grep -o 'step [0-9]*,' "$TMP/kill$np.r.txt" | head -1))" ||
+    not_ok "resume after kill on $np ranks" "uninterrupted $ref, resumed $got"
 
   # 1b. AMPDIST_FAULT kill at a random step on the last rank
   step=$((30 + RANDOM % 200))
-  dir="$tmp/fkill$np"
-  AMPDIST_FAULT="kill { step: $step rank: $((np - 1)) }" run "$np" "$tmp/fkill$np.txt" "${cfg[@]}" --run-dir "$dir"
+  dir="$TMP/fkill$np"
+  AMPDIST_FAULT="kill { step: $step rank: $((np - 1)) }" run "$np" "$TMP/fkill$np.txt" "${cfg[@]}" --run-dir "$dir"
   rc=$?
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "kills itself at step $step" "$tmp/fkill$np.txt" &&
-    ok "AMPDIST_FAULT kill at step $step on $np ranks: exit $rc" || fail "fault kill" "exit $rc: $(tail -2 "$tmp/fkill$np.txt")"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "kills itself at step $step" "$TMP/fkill$np.txt" &&
+    ok "AMPDIST_FAULT kill at step $step on $np ranks: exit $rc" || not_ok "fault kill" "exit $rc: $(tail -2 "$TMP/fkill$np.txt")"
   no_leftovers "fault kill on $np ranks" "$dir"
-  run "$np" "$tmp/fkill$np.r.txt" "${cfg[@]}" --run-dir "$dir" --resume auto || fail "resume after fault kill" "exit $?"
-  got=$(hash_of "$tmp/fkill$np.r.txt")
+  run "$np" "$TMP/fkill$np.r.txt" "${cfg[@]}" --run-dir "$dir" --resume auto || not_ok "resume after fault kill" "exit $?"
+  got=$(hash_of "$TMP/fkill$np.r.txt")
   [ "$ref" = "$got" ] && ok "resume after the step-$step kill ends bitwise equal" ||
-    fail "resume after fault kill on $np ranks" "uninterrupted $ref, resumed $got"
+    not_ok "resume after fault kill on $np ranks" "uninterrupted $ref, resumed $got"
 done
 
 # 2. stall
 start=$(date +%s)
-AMPDIST_FAULT='stall { step: 5 rank: 1 seconds: 120 }' run 2 "$tmp/stall.txt" "${cfg[@]}" --run-dir "$tmp/stall" \
+AMPDIST_FAULT='stall { step: 5 rank: 1 seconds: 120 }' run 2 "$TMP/stall.txt" "${cfg[@]}" --run-dir "$TMP/stall" \
   --set comm.timeout_s=3
 rc=$?
 took=$(( $(date +%s) - start ))
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 60 ] &&
-   grep -q "\[rank 0\] step 5: .* did not complete within 3 s (comm.timeout_s)" "$tmp/stall.txt"; then
-  ok "stalled rank: stopped after ${took}s: $(grep 'did not complete' "$tmp/stall.txt" | head -1)"
+   grep -q "\[rank 0\] step 5: .* did not complete within 3 s (comm.timeout_s)" "$TMP/stall.txt"; then
+  ok "stalled rank: stopped after ${took}s: $(grep 'did not complete' "$TMP/stall.txt" | head -1)"
 else
-  fail "stall" "exit $rc after ${took}s: $(cat "$tmp/stall.txt" | head -3)"
+  not_ok "stall" "exit $rc after ${took}s: $(cat "$TMP/stall.txt" | head -3)"
 fi
-no_leftovers "stall" "$tmp/stall"
+no_leftovers "stall" "$TMP/stall"
 
 # 3. save error on one rank
 for policy in CONTINUE STOP; do
-  dir="$tmp/save_$policy"
-  AMPDIST_FAULT='save_error { step: 50 rank: 1 }' run 2 "$tmp/save_$policy.txt" "${cfg[@]}" --run-dir "$dir" \
+  dir="$TMP/save_$policy"
+  AMPDIST_FAULT='save_error { step: 50 rank: 1 }' run 2 "$TMP/save_$policy.txt" "${cfg[@]}" --run-dir "$dir" \
     --set train.steps=75 --set checkpoint.keep_last=0 --set checkpoint.on_save_error=$policy
   rc=$?
   ck="$dir/checkpoints"
-  intact=$("$bin" ckpt verify "$ck/step_00000025" > /dev/null 2>&1 && echo yes)
+  intact=$("$AMPDIST" ckpt verify "$ck/step_00000025" > /dev/null 2>&1 && echo yes)
   if [ "$policy" = CONTINUE ]; then
     [ $rc -eq 0 ] && [ "$intact" = yes ] && [ ! -e "$ck/step_00000050" ] && [ ! -e "$ck/.tmp_step_00000050" ] &&
-      [ -d "$ck/step_00000075" ] && grep -q "^warning: checkpoint .*step_00000050 not saved: rank 1 could not write its shard: No space left on device" "$tmp/save_$policy.txt" &&
+      [ -d "$ck/step_00000075" ] && grep -q "^warning: checkpoint .*step_00000050 not saved: rank 1 could not write its shard: No space left on device" "$TMP/save_$policy.txt" &&
       ok "disk full during a save, CONTINUE: warned, step 25 intact, training finished" ||
-      fail "save error CONTINUE" "exit $rc, intact '$intact': $(ls -a "$ck" | tr '\n' ' ') $(grep warning "$tmp/save_$policy.txt")"
+      not_ok "save error CONTINUE" "exit $rc, intact '$intact': $(ls -a "$ck" | tr '\n' ' ') $(grep warning "$TMP/save_$policy.txt")"
   else
     [ $rc -eq 1 ] && [ "$intact" = yes ] && [ ! -e "$ck/step_00000050" ] && [ ! -e "$ck/step_00000075" ] &&
-      grep -q "No space left on device" "$tmp/save_$policy.txt" &&
+      grep -q "No space left on device" "$TMP/save_$policy.txt" &&
       ok "disk full during a save, STOP: exit 1, step 25 intact" ||
-      fail "save error STOP" "exit $rc, intact '$intact': $(ls -a "$ck" | tr '\n' ' ')"
+      not_ok "save error STOP" "exit $rc, intact '$intact': $(ls -a "$ck" | tr '\n' ' ')"
   fi
 done
 
 # 4. consecutive skips
 inject=""
 for s in 3 4 5 6 7 8 9; do inject="$inject inject_nonfinite { step: $s rank: 0 target: GRADIENT value: QNAN }"; done
-AMPDIST_FAULT="$inject" run 2 "$tmp/skips.txt" "${cfg[@]}" --run-dir "$tmp/skips" --precision bf16 \
+AMPDIST_FAULT="$inject" run 2 "$TMP/skips.txt" "${cfg[@]}" --run-dir "$TMP/skips" --precision bf16 \
   --set precision.max_consecutive_skips=5
 rc=$?
-[ $rc -eq 1 ] && grep -q "5 consecutive steps had non-finite gradients .*precision.max_consecutive_skips = 5" "$tmp/skips.txt" &&
-  ok "max_consecutive_skips: stopped with exit 1 after 5 skipped steps" || fail "skip limit" "exit $rc: $(tail -2 "$tmp/skips.txt")"
+[ $rc -eq 1 ] && grep -q "5 consecutive steps had non-finite gradients .*precision.max_consecutive_skips = 5" "$TMP/skips.txt" &&
+  ok "max_consecutive_skips: stopped with exit 1 after 5 skipped steps" || not_ok "skip limit" "exit $rc: $(tail -2 "$TMP/skips.txt")"
 
 # 5. poisoned input, DROP_RANK
-AMPDIST_FAULT='inject_nonfinite { step: 5 rank: 1 target: INPUT value: QNAN }' run 2 "$tmp/drop.txt" "${cfg[@]}" \
-  --run-dir "$tmp/drop" --set train.steps=20 --set precision.on_nonfinite=DROP_RANK || fail "drop_rank run" "exit $?"
-python3 - "$tmp/drop/metrics.jsonl" <<'PY' && ok "DROP_RANK: no skipped step, one dropped rank-step in metrics.jsonl" || fail "drop_rank metrics" "see above"
+AMPDIST_FAULT='inject_nonfinite { step: 5 rank: 1 target: INPUT value: QNAN }' run 2 "$TMP/drop.txt" "${cfg[@]}" \
+  --run-dir "$TMP/drop" --set train.steps=20 --set precision.on_nonfinite=DROP_RANK || not_ok "drop_rank run" "exit $?"
+python3 - "$TMP/drop/metrics.jsonl" <<'PY' && ok "DROP_RANK: no skipped step, one dropped rank-step in metrics.jsonl" || not_ok "drop_rank metrics" "see above"
 import json, sys
 s = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][-1]
 assert s["skipped_steps"] == 0 and s["dropped_rank_steps"] == 1, s
 PY
 
-exit $((failures > 0))
+exit "$FAILED"

@@ -8,56 +8,46 @@
 #  3. Resume on another world size: a checkpoint saved on 2 ranks loads on 1 and on 4 ranks with the same master
 #     weights (the hash printed at resume), and training continues.
 # Usage: test_resume.sh AMPDIST_BINARY SOURCE_DIR
-set -u
-command -v pgrep > /dev/null || { echo "not ok - pgrep is missing (Debian package procps): cannot check for leftover ranks"; exit 1; }
-bin="$1"
-src="$2"
-tmp=$(mktemp -d)
-trap 'pkill -9 -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
-failures=0
-ok() { echo "ok - $1"; }
-fail() { echo "not ok - $1: $2"; failures=$((failures + 1)); }
-hash_of() { sed -n 's/^master weights hash: \([0-9a-f]\{16\}\)$/\1/p' "$1"; }
+source "$(dirname "$0")/lib.sh" resume "$@"
 run() {  # run NP OUT ARGS...
   local np=$1 out=$2
   shift 2
-  timeout 300 mpirun -q --oversubscribe -np "$np" "$bin" train "$@" > "$out" 2>&1
+  timeout 300 mpirun -q --oversubscribe -np "$np" "$AMPDIST" train "$@" > "$out" 2>&1
 }
 
 # ---- 1. C10 ------------------------------------------------------------------------------------------------------
-cfg="$src/configs/fashion_mnist_mlp.pbtxt"
+cfg="$SRC/configs/fashion_mnist_mlp.pbtxt"
 common=(--config "$cfg" --precision fp16 --set train.steps=20 --set checkpoint.every_steps=10 --set log.every_steps=10)
-run 2 "$tmp/u.txt" "${common[@]}" --run-dir "$tmp/u" || fail "C10 uninterrupted run" "exit $?: $(tail -2 "$tmp/u.txt")"
-h_straight=$(hash_of "$tmp/u.txt")
+run 2 "$TMP/u.txt" "${common[@]}" --run-dir "$TMP/u" || not_ok "C10 uninterrupted run" "exit $?: $(tail -2 "$TMP/u.txt")"
+h_straight=$(hash_of "$TMP/u.txt")
 
-run 2 "$tmp/k.txt" "${common[@]}" --run-dir "$tmp/k" --set fault.crash_during_save.step=20 \
+run 2 "$TMP/k.txt" "${common[@]}" --run-dir "$TMP/k" --set fault.crash_during_save.step=20 \
   --set fault.crash_during_save.rank=1
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ]; then ok "C10 a rank killed during the step-20 save stops the job (exit $rc)"; else
-  fail "C10 crash" "exit code $rc (124 = hang)"; fi
+  not_ok "C10 crash" "exit code $rc (124 = hang)"; fi
 sleep 1
-if pgrep -f "$tmp/k" > /dev/null; then fail "C10 crash" "ampdist processes left running"; else
+if pgrep -f "$TMP/k" > /dev/null; then not_ok "C10 crash" "ampdist processes left running"; else
   ok "C10 no rank left running"; fi
-ck="$tmp/k/checkpoints"
+ck="$TMP/k/checkpoints"
 [ ! -e "$ck/step_00000020" ] && [ -d "$ck/.tmp_step_00000020" ] && ok "C10 step 20 never published" ||
-  fail "C10 publish" "$(ls -a "$ck")"
+  not_ok "C10 publish" "$(ls -a "$ck")"
 [ "$(cat "$ck/latest" 2>/dev/null)" = "step_00000010" ] && ok "C10 latest still names step 10" ||
-  fail "C10 latest" "latest is '$(cat "$ck/latest" 2>/dev/null)'"
-"$bin" ckpt verify "$ck/step_00000010" > "$tmp/verify.txt" 2>&1 && ok "C10 step 10 verifies intact" ||
-  fail "C10 verify step 10" "$(cat "$tmp/verify.txt")"
+  not_ok "C10 latest" "latest is '$(cat "$ck/latest" 2>/dev/null)'"
+"$AMPDIST" ckpt verify "$ck/step_00000010" > "$TMP/verify.txt" 2>&1 && ok "C10 step 10 verifies intact" ||
+  not_ok "C10 verify step 10" "$(cat "$TMP/verify.txt")"
 
-run 2 "$tmp/r.txt" "${common[@]}" --run-dir "$tmp/k" --resume auto ||
-  fail "C10 resume" "exit $?: $(tail -2 "$tmp/r.txt")"
-grep -q "^resumed from $ck/step_00000010 (step 10" "$tmp/r.txt" && ok "C10 --resume auto chose step 10" ||
-  fail "C10 resume choice" "$(grep resumed "$tmp/r.txt")"
-h_resumed=$(hash_of "$tmp/r.txt")
+run 2 "$TMP/r.txt" "${common[@]}" --run-dir "$TMP/k" --resume auto ||
+  not_ok "C10 resume" "exit $?: $(tail -2 "$TMP/r.txt")"
+grep -q "^resumed from $ck/step_00000010 (step 10" "$TMP/r.txt" && ok "C10 --resume auto chose step 10" ||
+  not_ok "C10 resume choice" "$(grep resumed "$TMP/r.txt")"
+h_resumed=$(hash_of "$TMP/r.txt")
 [ -n "$h_straight" ] && [ "$h_straight" = "$h_resumed" ] &&
   ok "C10 steps 11-20 after resume match the uninterrupted run bitwise ($h_resumed)" ||
-  fail "C10 bitwise" "uninterrupted $h_straight, resumed $h_resumed"
+  not_ok "C10 bitwise" "uninterrupted $h_straight, resumed $h_resumed"
 
 # ---- 2. SIGUSR1 to one rank --------------------------------------------------------------------------------------
-cat > "$tmp/slow.pbtxt" <<'PB'
+cat > "$TMP/slow.pbtxt" <<'PB'
 name: "slow"
 model { mlp { hidden: [1024, 256] } }
 data { synthetic { train_samples: 16384 test_samples: 512 features: 512 classes: 10 noise: 2.0 } global_batch_size: 64 }
@@ -67,44 +57,44 @@ train { steps: 600 eval_every_epochs: 0 }
 log { every_steps: 100 }
 checkpoint { keep_last: 2 }
 PB
-run 2 "$tmp/s_u.txt" --config "$tmp/slow.pbtxt" --run-dir "$tmp/s_u" || fail "SIGUSR1 reference run" "exit $?"
-h_ref=$(hash_of "$tmp/s_u.txt")
-( run 2 "$tmp/s_k.txt" --config "$tmp/slow.pbtxt" --run-dir "$tmp/s_k"; echo $? > "$tmp/s_k.rc" ) &
+run 2 "$TMP/s_u.txt" --config "$TMP/slow.pbtxt" --run-dir "$TMP/s_u" || not_ok "SIGUSR1 reference run" "exit $?"
+h_ref=$(hash_of "$TMP/s_u.txt")
+( run 2 "$TMP/s_k.txt" --config "$TMP/slow.pbtxt" --run-dir "$TMP/s_k"; echo $? > "$TMP/s_k.rc" ) &
 for _ in $(seq 1 100); do  # wait for training to be under way, then signal the newest rank only
-  grep -q "^step " "$tmp/s_k.txt" 2>/dev/null && break
+  grep -q "^step " "$TMP/s_k.txt" 2>/dev/null && break
   sleep 0.1
 done
-victim=$(pgrep -f "^$bin train --config $tmp/slow.pbtxt --run-dir $tmp/s_k" | tail -1)
+victim=$(pgrep -f "^$AMPDIST train --config $TMP/slow.pbtxt --run-dir $TMP/s_k" | tail -1)
 kill -USR1 "$victim" 2>/dev/null
 wait
-rc=$(cat "$tmp/s_k.rc")
-stopped_at=$(sed -n 's/^stopping at step \([0-9]*\).*/\1/p' "$tmp/s_k.txt")
-if [ "$rc" = 0 ] && [ -n "$stopped_at" ] && [ "$stopped_at" -lt 600 ] && grep -q "^stopped early" "$tmp/s_k.txt"; then
+rc=$(cat "$TMP/s_k.rc")
+stopped_at=$(sed -n 's/^stopping at step \([0-9]*\).*/\1/p' "$TMP/s_k.txt")
+if [ "$rc" = 0 ] && [ -n "$stopped_at" ] && [ "$stopped_at" -lt 600 ] && grep -q "^stopped early" "$TMP/s_k.txt"; then
   ok "SIGUSR1 to one rank: every rank saved at step $stopped_at and exited 0"
 else
-  fail "SIGUSR1 stop" "exit $rc, stopped at '$stopped_at': $(tail -3 "$tmp/s_k.txt")"
+  not_ok "SIGUSR1 stop" "exit $rc, stopped at '$stopped_at': $(tail -3 "$TMP/s_k.txt")"
 fi
-run 2 "$tmp/s_r.txt" --config "$tmp/slow.pbtxt" --run-dir "$tmp/s_k" --resume auto || fail "SIGUSR1 resume" "exit $?"
-h_res=$(hash_of "$tmp/s_r.txt")
+run 2 "$TMP/s_r.txt" --config "$TMP/slow.pbtxt" --run-dir "$TMP/s_k" --resume auto || not_ok "SIGUSR1 resume" "exit $?"
+h_res=$(hash_of "$TMP/s_r.txt")
 [ -n "$h_ref" ] && [ "$h_ref" = "$h_res" ] && ok "SIGUSR1 resume ends bitwise equal to the uninterrupted run ($h_res)" ||
-  fail "SIGUSR1 bitwise" "uninterrupted $h_ref, resumed $h_res"
+  not_ok "SIGUSR1 bitwise" "uninterrupted $h_ref, resumed $h_res"
 
 # ---- 2b. checkpoint.every_minutes: rank 0's clock, agreed at log steps --------------------------------------------
-run 2 "$tmp/m.txt" --config "$tmp/slow.pbtxt" --run-dir "$tmp/m" --set train.steps=200 --set log.every_steps=50 \
-  --set checkpoint.every_minutes=0.0001 --set checkpoint.keep_last=0 || fail "every_minutes run" "exit $?"
-saved=$(ls -d "$tmp/m/checkpoints"/step_* 2>/dev/null | xargs -n1 basename | tr '\n' ' ')
+run 2 "$TMP/m.txt" --config "$TMP/slow.pbtxt" --run-dir "$TMP/m" --set train.steps=200 --set log.every_steps=50 \
+  --set checkpoint.every_minutes=0.0001 --set checkpoint.keep_last=0 || not_ok "every_minutes run" "exit $?"
+saved=$(ls -d "$TMP/m/checkpoints"/step_* 2>/dev/null | xargs -n1 basename | tr '\n' ' ')
 [ "$saved" = "step_00000050 step_00000100 step_00000150 step_00000200 " ] &&
-  ok "checkpoint.every_minutes saves at log steps on every rank: $saved" || fail "every_minutes" "saved: '$saved'"
+  ok "checkpoint.every_minutes saves at log steps on every rank: $saved" || not_ok "every_minutes" "saved: '$saved'"
 
 # ---- 3. another world size ---------------------------------------------------------------------------------------
-saved_hash=$("$bin" ckpt inspect "$ck/step_00000010" 2>/dev/null | sed -n 's/.*master weights hash[: ]*\([0-9a-f]\{16\}\).*/\1/p' | head -1)
+saved_hash=$("$AMPDIST" ckpt inspect "$ck/step_00000010" 2>/dev/null | sed -n 's/.*master weights hash[: ]*\([0-9a-f]\{16\}\).*/\1/p' | head -1)
 for np in 1 4; do
-  mkdir -p "$tmp/w$np/checkpoints" && cp -r "$ck/step_00000010" "$tmp/w$np/checkpoints/"
-  run "$np" "$tmp/w$np.txt" "${common[@]}" --run-dir "$tmp/w$np" --resume auto ||
-    fail "resume on $np ranks" "exit $?: $(tail -2 "$tmp/w$np.txt")"
-  got=$(sed -n 's/^resumed from .*saved on 2 ranks, master weights hash \([0-9a-f]\{16\}\)).*/\1/p' "$tmp/w$np.txt")
+  mkdir -p "$TMP/w$np/checkpoints" && cp -r "$ck/step_00000010" "$TMP/w$np/checkpoints/"
+  run "$np" "$TMP/w$np.txt" "${common[@]}" --run-dir "$TMP/w$np" --resume auto ||
+    not_ok "resume on $np ranks" "exit $?: $(tail -2 "$TMP/w$np.txt")"
+  got=$(sed -n 's/^resumed from .*saved on 2 ranks, master weights hash \([0-9a-f]\{16\}\)).*/\1/p' "$TMP/w$np.txt")
   [ -n "$got" ] && [ "$got" = "$saved_hash" ] && ok "a 2-rank checkpoint loads on $np rank(s) bitwise ($got)" ||
-    fail "resume on $np ranks" "loaded hash '$got', saved '$saved_hash'"
+    not_ok "resume on $np ranks" "loaded hash '$got', saved '$saved_hash'"
 done
 
-exit $((failures > 0))
+exit "$FAILED"

@@ -6,15 +6,7 @@
 #     order of floating-point sums differs) within 0.5 points;
 #  3. examples/custom_model trains a user-defined Module through the public API on 2 ranks.
 # Usage: test_train_runs.sh AMPDIST_BINARY SOURCE_DIR
-set -u
-bin="$1"
-src="$2"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
-failures=0
-ok() { echo "ok - $1"; }
-fail() { echo "not ok - $1: $2"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib.sh" train_runs "$@"
 
 run() {  # run NP OUTFILE ARGS...
   local np=$1 out=$2
@@ -23,16 +15,16 @@ run() {  # run NP OUTFILE ARGS...
 }
 
 # 1. main job, short
-cfg="$src/configs/fashion_mnist_mlp.pbtxt"
-if run 2 "$tmp/main.txt" "$bin" train --config "$cfg" --precision fp16 --set train.steps=300 \
-    --set log.every_steps=50 --set optimizer.schedule.warmup_steps=50 --run-dir "$tmp/main"; then
+cfg="$SRC/configs/fashion_mnist_mlp.pbtxt"
+if run 2 "$TMP/main.txt" "$AMPDIST" train --config "$cfg" --precision fp16 --set train.steps=300 \
+    --set log.every_steps=50 --set optimizer.schedule.warmup_steps=50 --run-dir "$TMP/main"; then
   ok "main job fp16 on 2 ranks exits 0"
 else
-  fail "main job fp16 on 2 ranks" "exit code $?: $(tail -3 "$tmp/main.txt")"
+  not_ok "main job fp16 on 2 ranks" "exit code $?: $(tail -3 "$TMP/main.txt")"
 fi
-grep -Eq '^master weights hash: [0-9a-f]{16}$' "$tmp/main.txt" && ok "summary has the master weights hash" ||
-  fail "summary" "no 'master weights hash:' line"
-python3 - "$tmp/main/metrics.jsonl" <<'PY' && ok "metrics.jsonl: loss falls, test_accuracy >= 0.80" || fail "metrics.jsonl" "see above"
+grep -Eq '^master weights hash: [0-9a-f]{16}$' "$TMP/main.txt" && ok "summary has the master weights hash" ||
+  not_ok "summary" "no 'master weights hash:' line"
+python3 - "$TMP/main/metrics.jsonl" <<'PY' && ok "metrics.jsonl: loss falls, test_accuracy >= 0.80" || not_ok "metrics.jsonl" "see above"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 train = [r for r in rows if r["type"] == "train"]
@@ -50,25 +42,25 @@ PY
 # 2. same global batch, 1 / 2 / 4 ranks
 acc() { sed -n 's/^test accuracy: \([0-9.]*\) .*/\1/p' "$1"; }
 for np in 1 2 4; do
-  run "$np" "$tmp/np$np.txt" "$bin" train --config "$cfg" --set train.steps=200 --run-dir "$tmp/np$np" ||
-    fail "fp32 on $np ranks" "exit code $?: $(tail -3 "$tmp/np$np.txt")"
+  run "$np" "$TMP/np$np.txt" "$AMPDIST" train --config "$cfg" --set train.steps=200 --run-dir "$TMP/np$np" ||
+    not_ok "fp32 on $np ranks" "exit code $?: $(tail -3 "$TMP/np$np.txt")"
 done
-a1=$(acc "$tmp/np1.txt"); a2=$(acc "$tmp/np2.txt"); a4=$(acc "$tmp/np4.txt")
+a1=$(acc "$TMP/np1.txt"); a2=$(acc "$TMP/np2.txt"); a4=$(acc "$TMP/np4.txt")
 if python3 -c "import sys; a=[float(x) for x in sys.argv[1:]]; sys.exit(0 if max(a) - min(a) <= 0.005 else 1)" \
     "$a1" "$a2" "$a4" 2>/dev/null; then
   ok "same global batch on 1/2/4 ranks: test accuracy $a1 / $a2 / $a4 (within 0.5 points)"
 else
-  fail "1/2/4 ranks" "test accuracy $a1 / $a2 / $a4 differ by more than 0.5 points"
+  not_ok "1/2/4 ranks" "test accuracy $a1 / $a2 / $a4 differ by more than 0.5 points"
 fi
 
 # 3. the library example
-example="$(dirname "$bin")/examples/custom_model"
+example="$(dirname "$AMPDIST")/examples/custom_model"
 for p in fp16 bf16; do
-  if run 2 "$tmp/example_$p.txt" "$example" "$p"; then
-    ok "examples/custom_model $p on 2 ranks: $(grep -o 'test accuracy [0-9.]*' "$tmp/example_$p.txt" | tail -1)"
+  if run 2 "$TMP/example_$p.txt" "$example" "$p"; then
+    ok "examples/custom_model $p on 2 ranks: $(grep -o 'test accuracy [0-9.]*' "$TMP/example_$p.txt" | tail -1)"
   else
-    fail "examples/custom_model $p" "exit code $?: $(tail -3 "$tmp/example_$p.txt")"
+    not_ok "examples/custom_model $p" "exit code $?: $(tail -3 "$TMP/example_$p.txt")"
   fi
 done
 
-exit $((failures > 0))
+exit "$FAILED"

@@ -1,0 +1,43 @@
+# Shared by the e2e scripts (sourced, not a test itself):
+#   source "$(dirname "$0")/lib.sh" NAME "$@"
+# checks the arguments (<path-to-ampdist> [<source-dir>]), sets AMPDIST, SRC and a private temp dir TMP (removed on
+# exit together with any process whose command line still names it), lets OpenMPI run as root as CTest does, and
+# defines the result lines: ok CASE, not_ok CASE WHY (sets FAILED=1), show FILE, hash_of FILE. End with
+# `exit "$FAILED"`.
+set -u
+if [ $# -lt 2 ]; then
+  echo "usage: $0 <path-to-ampdist> [<source-dir>]" >&2
+  exit 2
+fi
+command -v pgrep > /dev/null || { echo "not ok - pgrep is missing (Debian package procps): cannot check for leftover ranks"; exit 1; }
+AMPDIST=$(readlink -f "$2")
+SRC=$(readlink -f "${3:-.}")
+if [ ! -x "$AMPDIST" ]; then
+  echo "not ok - setup: $2 is not an executable"
+  exit 1
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+unset AMPDIST_FAULT
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/ampdist_$1.XXXXXX")
+# shellcheck disable=SC2317  # called by the trap
+e2e_cleanup() {
+  local pids
+  pids=$(pgrep -f "$TMP" || true)
+  # shellcheck disable=SC2086  # one pid a word
+  [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+  rm -rf "$TMP"
+}
+trap e2e_cleanup EXIT
+
+FAILED=0
+ok() { echo "ok - $1"; }
+not_ok() {
+  echo "not ok - $1: $2"
+  FAILED=1
+}
+# A captured output under a failing case, indented, so the log says what went wrong.
+show() { sed -e 's/^/    | /' "$1" | head -30; }
+# The 16 hex digits of the "master weights hash: ..." summary line in FILE.
+hash_of() { sed -n 's/^master weights hash: \([0-9a-f]\{16\}\)$/\1/p' "$1"; }
