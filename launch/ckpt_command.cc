@@ -195,11 +195,18 @@ int run_ckpt_export(const CkptArgs& args) {
     int64_t pos = 0;  // bytes
     for (const TensorIndexEntry& t : m.tensors()) {
       const Shape shape = shape_of(t);
+      // The product in checked arithmetic: a crafted manifest must not overflow it into a plausible size.
+      const int64_t limit = static_cast<int64_t>(master.size());
       int64_t numel = 1;
-      for (int64_t d : shape) numel *= d;
+      bool fits = true;
+      for (int64_t d : shape) {
+        if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > limit) fits = false;
+        if (!fits) break;
+      }
+      if (!fits) numel = -1;
       if (t.name().empty() || t.name() == "__metadata__" || !names.insert(t.name()).second)
         throw BadInput(manifest_file, "tensor name '" + t.name() + "' is empty, reserved or repeated");
-      if (numel != t.numel() || t.offset() < 0 || t.offset() + numel > static_cast<int64_t>(master.size()))
+      if (numel < 0 || numel != t.numel() || t.offset() < 0 || t.offset() > limit - numel)
         throw BadInput(manifest_file, "tensor " + t.name() + " " + shape_str(shape) + " at offset " +
                                           std::to_string(t.offset()) + " does not fit the master buffer of " +
                                           std::to_string(master.size()) + " elements");

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/../.."
 
 packages=(
   build-essential cmake pkg-config git python3 procps
+  clang libclang-rt-14-dev
   libopenmpi-dev openmpi-bin
   libprotobuf-dev protobuf-compiler
   libeigen3-dev libopenblas-dev

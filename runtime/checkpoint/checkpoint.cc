@@ -73,9 +73,15 @@ void write_file_durably(const std::string& path, const std::string& contents) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  // One read() of the whole file into a buffer sized from its length (a streambuf iterator costs ~8 s of CPU per
+  // GiB, which made loading CPU-bound).
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw BadInput(path, "cannot be read (missing?)");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::streamsize size = in.tellg();
+  if (size < 0) throw BadInput(path, "cannot be read");
+  std::string s(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  if (!in.read(s.data(), size)) throw BadInput(path, "read failed");
   return s;
 }
 
@@ -179,12 +185,15 @@ struct Problems {
   void add(const std::string& s) { lines.push_back(s); }
 };
 
-// Reads every shard of a checkpoint, checking it against the manifest; fills `buffers` (name -> full buffer) when
-// non-null. Problems are collected, not thrown.
+// Reads every shard of a checkpoint, checking it against the manifest; when `buffers` is non-null, sizes each of
+// its entries (name -> full buffer) to numel and fills it. Problems are collected, not thrown.
 void read_shards(const std::string& path, const Manifest& m, std::map<std::string, std::vector<float>>* buffers,
                  Problems& p) {
   const int world = m.world_size();
-  const std::vector<int64_t> counts = shard_counts(m.numel(), std::max(world, 1));
+  // Rank r's slice length, as shard_counts(numel, world)[r], computed per rank: world comes from the file, and a
+  // vector of `world` counts would allocate whatever the file says.
+  const int64_t slices = std::max(world, 1), numel = m.numel();
+  auto slice_count = [&](int r) -> int64_t { return numel / slices + (r < numel % slices ? 1 : 0); };
   std::map<std::string, int64_t> covered;
   if (m.shards_size() != world)
     p.add((fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
@@ -196,7 +205,7 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
   for (const ShardFileInfo& info : m.shards()) {
     const std::string file = (fs::path(path) / info.file()).string();
     std::error_code ec;
-    if (!fs::exists(file, ec)) continue;
+    if (!fs::is_regular_file(file, ec)) continue;
     const std::optional<std::string> id = shard_run_id(file);
     if (id) shard_ids.insert(*id);
     all_parse = all_parse && id.has_value();
@@ -206,15 +215,47 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
           *shard_ids.begin() + " (a manifest from another run?)");
     return;
   }
+  // The buffers take numel floats each: they are allocated only when the shard files (distinct, of the sizes the
+  // manifest says) hold that much, so that a corrupt numel costs no more memory than the files do.
+  bool copy = buffers != nullptr;
+  if (buffers) {
+    std::set<std::string> files;
+    int64_t held = 0;
+    bool sizes_ok = true;
+    for (const ShardFileInfo& info : m.shards()) {
+      std::error_code ec;
+      const fs::path file = fs::path(path) / info.file();
+      if (!fs::is_regular_file(file, ec) || static_cast<int64_t>(fs::file_size(file, ec)) != info.bytes()) {
+        sizes_ok = false;  // the loop below names the file
+        continue;
+      }
+      if (files.insert(info.file()).second) held += info.bytes();
+    }
+    if (numel > held / static_cast<int64_t>(sizeof(float)) / std::max<int64_t>(1, std::ssize(*buffers))) {
+      copy = false;
+      if (sizes_ok) {
+        p.add((fs::path(path) / "manifest.pb").string() + ": numel " + std::to_string(numel) + " in " +
+              std::to_string(buffers->size()) + " buffer(s) is more than the shard files hold (" +
+              std::to_string(held) + " bytes)");
+        return;
+      }
+    } else {
+      for (auto& [name, buffer] : *buffers) buffer.assign(static_cast<size_t>(numel), 0.0f);
+    }
+  }
   int64_t begin = 0;
   for (int r = 0; r < m.shards_size(); ++r) {
     const ShardFileInfo& info = m.shards(r);
     const std::string file = (fs::path(path) / info.file()).string();
-    const int64_t slice_begin = begin, slice_end = begin + (r < world ? counts[r] : 0);
+    const int64_t slice_begin = begin, slice_end = begin + (r < world ? slice_count(r) : 0);
     begin = slice_end;
     std::error_code ec;
     if (!fs::exists(file, ec)) {
       p.add(file + ": missing shard");
+      continue;
+    }
+    if (!fs::is_regular_file(file, ec)) {
+      p.add(file + ": not a regular file");
       continue;
     }
     const auto size = static_cast<int64_t>(fs::file_size(file, ec));
@@ -234,37 +275,41 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
       p.add(file + ": XXH3 of the file does not match the manifest (corrupted)");
       continue;
     }
-    pbio::ArrayInputStream ais(bytes.data(), static_cast<int>(bytes.size()));
-    pbio::CodedInputStream cis(&ais);
-    cis.SetTotalBytesLimit(INT32_MAX);
+    // Record by record, each parsed from its own bounded range: a shard may exceed the 2 GiB a single protobuf
+    // input stream can address, a record (<= 64 MiB of payload) never does.
     int64_t records = 0;
-    uint32_t len = 0;
     bool bad = false;
-    while (!bad && cis.ReadVarint32(&len)) {
+    for (size_t pos = 0; !bad && pos < bytes.size();) {
+      const auto* at = reinterpret_cast<const uint8_t*>(bytes.data()) + pos;
+      pbio::CodedInputStream header(at, static_cast<int>(std::min<size_t>(bytes.size() - pos, 10)));
+      uint32_t len = 0;
       ShardRecord rec;
-      const auto limit = cis.PushLimit(static_cast<int>(len));
-      if (!rec.ParseFromCodedStream(&cis) || !cis.ConsumedEntireMessage()) {
+      const bool has_len = header.ReadVarint32(&len);
+      const size_t start = pos + static_cast<size_t>(header.CurrentPosition());
+      if (!has_len || len > bytes.size() - start || len > static_cast<uint32_t>(INT32_MAX) ||
+          !rec.ParseFromArray(bytes.data() + start, static_cast<int>(len))) {
         p.add(file + ": record " + std::to_string(records) + " does not parse");
         bad = true;
         break;
       }
-      cis.PopLimit(limit);
+      pos = start + len;
       ++records;
       if (rec.run_id() != m.run_id()) {
         p.add(file + ": belongs to run " + rec.run_id() + ", the manifest to run " + m.run_id() +
               " (a manifest from another run?)");
         bad = true;
-      } else if (static_cast<int64_t>(rec.data().size()) != rec.count() * 4 ||
+      } else if (rec.data().size() % sizeof(float) != 0 ||
+                 rec.count() != static_cast<int64_t>(rec.data().size() / sizeof(float)) ||
                  XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
         p.add(file + ": record " + std::to_string(records - 1) + " (" + rec.buffer() + ") fails its XXH3 check");
         bad = true;
-      } else if (rec.offset() < slice_begin || rec.offset() + rec.count() > slice_end) {
+      } else if (rec.offset() < slice_begin || rec.offset() > slice_end - rec.count()) {
         p.add(file + ": record " + std::to_string(records - 1) + " lies outside rank " + std::to_string(r) +
               "'s slice");
         bad = true;
       } else {
         covered[rec.buffer()] += rec.count();
-        if (buffers) {
+        if (copy) {
           auto it = buffers->find(rec.buffer());
           if (it != buffers->end())
             std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
@@ -274,6 +319,9 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
     if (!bad && records != info.records())
       p.add(file + ": " + std::to_string(records) + " records, the manifest says " + std::to_string(info.records()));
   }
+  if (buffers && !copy && p.lines.empty())  // not expected: a shard whose size was off is named above
+    p.add((fs::path(path) / "manifest.pb").string() + ": numel " + std::to_string(numel) +
+          " is more than the shard files hold");
   for (const std::string& b : m.buffers())
     if (p.lines.empty() && covered[b] != m.numel())
       p.add(path + ": buffer " + b + " covers " + std::to_string(covered[b]) + " of " + std::to_string(m.numel()) +
@@ -303,6 +351,11 @@ void check_compatible(const std::string& path, const Manifest& m, const Checkpoi
   std::vector<std::string> cb;
   for (const auto& b : into.buffers) cb.push_back(b.first);
   if (p.lines.empty() && mb != cb) p.add(path + ": state buffers differ from this run's optimizer state");
+  // The buffers are copied whole into this run's: numel must be theirs, whatever the tensor index says.
+  for (const auto& [name, tensor] : into.buffers)
+    if (p.lines.empty() && tensor->numel() != m.numel())
+      p.add(path + ": checkpoint of another model: " + std::to_string(m.numel()) + " elements per buffer, this " +
+            "model has " + std::to_string(tensor->numel()) + " (" + name + ")");
 }
 
 }  // namespace
@@ -425,6 +478,7 @@ Manifest read_manifest(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw BadInput(path, "no such checkpoint directory");
   if (!fs::exists(file, ec)) throw BadInput(file, "missing: not a complete checkpoint");
+  if (!fs::is_regular_file(file, ec)) throw BadInput(file, "is not a regular file");
   const std::string bytes = read_file(file);
   ManifestFile mf;
   if (!mf.ParseFromString(bytes) || !mf.has_manifest()) throw BadInput(file, "does not parse as a manifest");
@@ -435,6 +489,12 @@ Manifest read_manifest(const std::string& path) {
   if (m.format_version() != kFormatVersion)
     throw BadInput(file, "format version " + std::to_string(m.format_version()) + ", this build reads " +
                              std::to_string(kFormatVersion));
+  if (m.numel() < 0) throw BadInput(file, "numel " + std::to_string(m.numel()) + " is negative");
+  // Shard files are read from the checkpoint directory only: a name with a '/' could be a device or a FIFO
+  // (/dev/zero, /dev/stdin) that a read never finishes.
+  for (const ShardFileInfo& s : m.shards())
+    if (s.file().empty() || s.file() == "." || s.file() == ".." || s.file().find('/') != std::string::npos)
+      throw BadInput(file, "shard file name '" + s.file() + "' is not a file name in the checkpoint directory");
   return m;
 }
 
@@ -457,7 +517,7 @@ Manifest load_checkpoint(Communicator& comm, const std::string& path, Checkpoint
     m = read_manifest(path);
     check_compatible(path, m, into, p);
     if (p.lines.empty()) {
-      for (const auto& b : into.buffers) staged[b.first].assign(static_cast<size_t>(m.numel()), 0.0f);
+      for (const auto& b : into.buffers) staged[b.first];  // sized by read_shards
       read_shards(path, m, &staged, p);
     }
   } catch (const Error& e) {
@@ -498,7 +558,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
 std::vector<float> read_checkpoint_buffer(const std::string& path, const std::string& buffer) {
   const Manifest m = read_manifest(path);
   std::map<std::string, std::vector<float>> staged;
-  staged[buffer].assign(static_cast<size_t>(m.numel()), 0.0f);
+  staged[buffer];  // sized by read_shards
   Problems p;
   read_shards(path, m, &staged, p);
   if (!p.lines.empty()) throw Error(p.lines.front(), ErrorKind::kBadInput);

@@ -4,6 +4,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -98,16 +99,38 @@ void apply_override(RunConfig& cfg, const std::string& assignment) {
     // The value must be one scalar (or one [list] for a repeated field): it is spliced into text format, so
     // braces or a second field would set other fields behind the user's back.
     const bool is_string = f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING;
-    if (!is_string && value.find_first_of(f->is_repeated() ? "{}:;\"'" : "{}:;\"'[], \t") != std::string::npos)
+    const bool control = std::any_of(value.begin(), value.end(), [](unsigned char c) { return c < 0x20; });
+    if (!is_string && (control || value.find_first_of(f->is_repeated() ? "{}<>:;#\"'" : "{}<>:;#\"'[], ") !=
+                                      std::string::npos))
       throw BadInput(where, "bad value '" + value + "' for " + path + ": expected a single " +
                                 (f->is_repeated() ? "[list]" : "value"));
+    // String values always become string literals: surrounding quotes the shell left in are dropped, everything
+    // else escaped. A repeated string field takes "a,b" or "[a, b]".
+    auto literal = [](std::string v) {
+      if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+      std::string quoted = "\"";
+      for (char c : v) {
+        if (c == '"' || c == '\\') quoted += '\\';
+        quoted += c == '\n' ? std::string("\\n") : std::string(1, c);
+      }
+      return quoted + "\"";
+    };
+    if (is_string && !f->is_repeated()) value = literal(value);
+    if (is_string && f->is_repeated()) {
+      std::string items = value;
+      if (items.size() >= 2 && items.front() == '[' && items.back() == ']') items = items.substr(1, items.size() - 2);
+      std::string list = "[";
+      std::stringstream ss(items);
+      for (std::string item; std::getline(ss, item, ',');) {
+        item.erase(0, item.find_first_not_of(' '));
+        item.erase(item.find_last_not_of(' ') + 1);
+        if (!item.empty()) list += (list.size() > 1 ? ", " : "") + literal(item);
+      }
+      value = list + "]";
+    }
     if (f->is_repeated()) {
       msg->GetReflection()->ClearField(msg, f);
       if (value.front() != '[') value = "[" + value + "]";
-    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING && value.front() != '"') {
-      std::string quoted = "\"";
-      for (char c : value) quoted += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
-      value = quoted + "\"";
     }
     prefix += parts[i] + ": ";
   }
