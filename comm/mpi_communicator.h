@@ -40,6 +40,8 @@ class MpiCommunicator : public Communicator {
 
   MPI_Comm comm() const { return comm_; }
   void set_timeout(double timeout_s) { watchdog_.set_timeout(timeout_s); }
+  // See Watchdog::set_progress_dir: lets a timeout name the ranks that did not arrive.
+  void set_progress_dir(const std::string& dir) { watchdog_.set_progress_dir(dir, size_); }
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -1,7 +1,8 @@
 // Watchdog: bounds every wait on a collective by a timeout.
 //
 // A background thread checks the armed deadline every 100 ms. When a wait outlives it, the watchdog prints one line
-// ("ampdist: error: [rank 3] step 120: bucket 2 all-reduce did not complete within 600 s ...") and ends the
+// ("ampdist: error: [rank 3] step 120: bucket 2 all-reduce did not complete within 600 s (comm.timeout_s); ranks that
+// did not arrive: 1 (at step 119); ...", the last part from the other ranks' progress files when they are set) and ends the
 // process with exit code 1; mpirun and srun then stop the other ranks. It does not call into MPI from its thread.
 #pragma once
 
@@ -21,6 +22,11 @@ class Watchdog {
 
   void set_timeout(double timeout_s);
   void set_step(int64_t step) { step_ = step; }
+  // Publishes this rank's progress (step, number of collective waits begun) in <dir>/rank_RRRRR, a 16-byte file
+  // mapped into memory (one store per wait, no system call), and reads the other ranks' files when a wait times out,
+  // to name the ranks that did not arrive. `dir` must be visible to every rank that should be named (one node, or a
+  // shared file system). Without it the message names only this rank.
+  void set_progress_dir(const std::string& dir, int world_size);
   void set_rank(int rank) { rank_ = rank; }
   // Marks the start and end of one wait. Not reentrant: one collective wait at a time per process.
   void arm(const std::string& what);
@@ -28,12 +34,17 @@ class Watchdog {
 
  private:
   void run();
+  std::string missing_ranks() const;
 
   std::atomic<int> rank_;
   double timeout_s_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<int64_t> step_{0};
+  int64_t waits_ = 0;                     // collective waits begun by this rank
+  volatile int64_t* progress_ = nullptr;  // mapped {step, waits} of this rank, or null
+  std::string progress_dir_;
+  int world_size_ = 0;
   std::string what_;
   bool armed_ = false, stop_ = false;
   std::chrono::steady_clock::time_point deadline_;

@@ -105,6 +105,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   // Everything above is local to each rank (no collective), so a rank that failed cannot leave another waiting.
   if (int rc = agree_on_failure(comm, code, message, false)) return rc;
 
+  comm.set_progress_dir(run_dir + "/.ranks");
   try {
     // One run id for every rank: rank 0's random draw.
     const uint64_t id = comm.allgather_u64(std::random_device{}() * 0x100000000ull + std::random_device{}(),

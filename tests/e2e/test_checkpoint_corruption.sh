@@ -33,7 +33,9 @@ train_run() {
 
 # A listing of every path under a directory with the SHA-256 of every file.
 snapshot() {
-  (cd "$1" && find . -print | LC_ALL=C sort && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+  # .ranks/ holds each rank's live progress record for the collective watchdog: diagnostics, not saved state.
+  (cd "$1" && find . -path ./.ranks -prune -o -print | LC_ALL=C sort &&
+    find . -path ./.ranks -prune -o -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 }
 
 # Flips (XOR 0xff) the byte at OFFSET of FILE in place.

@@ -3,7 +3,8 @@
 #  1. kill: one rank SIGKILLed at a random moment (externally) and at a random step (AMPDIST_FAULT kill), on 2 and
 #     4 ranks: the job exits non-zero within the timeout, no ampdist process remains, and --resume auto finishes
 #     with master weights bitwise equal to the uninterrupted run;
-#  2. stall: a rank sleeping past comm.timeout_s stops the job with a message naming the step and the collective;
+#  2. stall: a rank sleeping past comm.timeout_s stops the job with a message naming the step, the collective and the
+#     rank that did not arrive;
 #  3. save error (a full disk on one rank): CONTINUE keeps training with the previous checkpoint intact; STOP stops
 #     with exit code 1, previous checkpoint intact;
 #  4. max_consecutive_skips: non-finite gradients at every step stop the run with a message naming the limit;
@@ -81,7 +82,7 @@ AMPDIST_FAULT='stall { step: 5 rank: 1 seconds: 120 }' run 2 "$TMP/stall.txt" "$
 rc=$?
 took=$(( $(date +%s) - start ))
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 60 ] &&
-   grep -q "\[rank 0\] step 5: .* did not complete within 3 s (comm.timeout_s)" "$TMP/stall.txt"; then
+   grep -q "\[rank 0\] step 5: .* did not complete within 3 s (comm.timeout_s); ranks that did not arrive: 1 (at step 4)" "$TMP/stall.txt"; then
   ok "stalled rank: stopped after ${took}s: $(grep 'did not complete' "$TMP/stall.txt" | head -1)"
 else
   not_ok "stall" "exit $rc after ${took}s: $(cat "$TMP/stall.txt" | head -3)"
