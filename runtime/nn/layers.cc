@@ -133,9 +133,10 @@ const Tensor& Activation::backward(const Tensor& dy_in, GradContext& ctx) {
 double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int32_t> targets) {
   logits_ = logits;
   targets_.assign(targets.begin(), targets.end());
-  correct_ = kernels::count_correct(logits, targets);
   return kernels::softmax_cross_entropy_forward(logits, targets, lse_);
 }
+
+int64_t SoftmaxCrossEntropy::correct() const { return kernels::count_correct(logits_, targets_); }
 
 const Tensor& SoftmaxCrossEntropy::backward(float grad_scale) {
   dlogits_.ensure(logits_.shape(), logits_.dtype());

@@ -142,12 +142,12 @@ class SoftmaxCrossEntropy : public Criterion {
  public:
   double forward(const Tensor& logits, std::span<const int32_t> targets) override;
   const Tensor& backward(float grad_scale) override;
-  int64_t correct() const override { return correct_; }
+  // Counted on request (evaluation), not in every training step's forward.
+  int64_t correct() const override;
 
  private:
   Tensor logits_, lse_, dlogits_;
   std::vector<int32_t> targets_;
-  int64_t correct_ = 0;
 };
 
 }  // namespace ampdist
