@@ -4,7 +4,9 @@
 // - Every rank calls the same collectives in the same order, with the same counts and dtypes. A collective is
 //   matched by its position in that order, never by a tag; the caller (Reducer, Consensus, Trainer) guarantees it.
 // - The *_async calls return a Work handle at once. The buffer belongs to the collective until wait() returns;
-//   the caller that issued a Work waits on it, exactly once, before it reads or writes the buffer.
+//   the caller that issued a Work waits on it, exactly once, before it reads or writes the buffer. For GPU buffers
+//   (device() == kCUDA) wait() orders the compute stream after the collective instead of blocking the host: work
+//   queued on the compute stream afterwards sees the result.
 // - Sums are plain sums in the buffer's dtype. fp16 and bf16 are added in FP32 and rounded back to 16 bits after
 //   every addition (NCCL's behaviour), so a rank count alone never changes the result's precision class.
 // - Every wait is watched: a collective not complete within the timeout (config comm.timeout_s) prints one line
@@ -48,6 +50,9 @@ class Communicator {
   virtual int world_size() const = 0;
   virtual int local_rank() const = 0;  // rank among the processes on this node
   virtual int local_size() const = 0;  // processes on this node
+  // Where the buffers of the *_async collectives live: host memory (MPI) or the current GPU (NCCL). A Trainer runs
+  // its step on this device.
+  virtual Device device() const { return Device::kCPU; }
 
   // In-place all-reduce of `count` elements of `dtype`. `what` names the collective in timeout messages.
   virtual std::unique_ptr<Work> allreduce_async(void* buf, int64_t count, DType dtype, ReduceOp op,

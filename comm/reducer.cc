@@ -49,11 +49,11 @@ Reducer::Reducer(Communicator& comm, Tensor grads, std::span<Parameter* const> p
     const int64_t n = buckets_[b].end - buckets_[b].begin;
     counts_[b] = shard_counts(n, comm_.world_size());
     if (mode_ == Mode::kAllreduce) {
-      if (reduce_dtype_ != DType::kFloat32) staging_[b] = Tensor::zeros({n}, reduce_dtype_);
+      if (reduce_dtype_ != DType::kFloat32) staging_[b] = Tensor::zeros({n}, reduce_dtype_, grads_.device());
     } else {
       // 16-bit: the bucket's 16-bit copy followed by the received shard, in one allocation.
       const int64_t extra = reduce_dtype_ != DType::kFloat32 ? n : 0;
-      staging_[b] = Tensor::zeros({extra + counts_[b][rank]}, reduce_dtype_);
+      staging_[b] = Tensor::zeros({extra + counts_[b][rank]}, reduce_dtype_, grads_.device());
       int64_t displ = 0;
       for (int r = 0; r < rank; ++r) displ += counts_[b][r];
       owned_.push_back({buckets_[b].begin + displ, counts_[b][rank]});
@@ -79,7 +79,7 @@ void Reducer::mark_ready(const Parameter& p) {
 void Reducer::launch(size_t b) {
   const BucketLayout& bucket = buckets_[b];
   const int64_t n = bucket.end - bucket.begin;
-  Tensor g = Tensor::view(grads_.data_as<float>() + bucket.begin, {n}, DType::kFloat32);
+  Tensor g = Tensor::view(grads_.data_as<float>() + bucket.begin, {n}, DType::kFloat32, grads_.device());
   const std::string& what = names_[b];
   if (mode_ == Mode::kAllreduce) {
     if (reduce_dtype_ == DType::kFloat32) {
@@ -114,12 +114,12 @@ void Reducer::wait() {
     const int64_t n = bucket.end - bucket.begin;
     if (mode_ == Mode::kAllreduce) {
       if (reduce_dtype_ != DType::kFloat32) {
-        Tensor g = Tensor::view(grads_.data_as<float>() + bucket.begin, {n}, DType::kFloat32);
+        Tensor g = Tensor::view(grads_.data_as<float>() + bucket.begin, {n}, DType::kFloat32, grads_.device());
         kernels::cast(staging_[b], g);
       }
     } else {
       const GradSpan& own = owned_[b];
-      Tensor dst = Tensor::view(grads_.data_as<float>() + own.begin, {own.count}, DType::kFloat32);
+      Tensor dst = Tensor::view(grads_.data_as<float>() + own.begin, {own.count}, DType::kFloat32, grads_.device());
       const int64_t skip = reduce_dtype_ != DType::kFloat32 ? n : 0;
       kernels::cast(staging_[b].rows(skip, skip + counts_[b][rank]), dst);
     }

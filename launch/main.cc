@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand("train", "train a model from a config");
   train_cmd->add_option("--config", train.config, "run config, protobuf text format (.pbtxt)")->required();
   train_cmd->add_option("--precision", train.precision, "override precision.dtype: fp32, fp16, bf16 or auto");
+  train_cmd->add_option("--device", train.device, "override device.kind: cpu, cuda or auto (default: auto)");
   train_cmd->add_option("--set", train.sets, "override one field, e.g. --set optimizer.lr=0.05 (repeatable)");
   train_cmd->add_option("--run-dir", train.run_dir, "directory for metrics.jsonl (default: log.dir or runs/<name>)");
   train_cmd->add_option("--resume", train.resume,

@@ -11,7 +11,9 @@
 #include <optional>
 #include <random>
 
+#include "comm/nccl_communicator.h"
 #include "launch/rank_env.h"
+#include "runtime/core/device.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/train/config.h"
 #include "runtime/train/loop.h"
@@ -57,19 +59,48 @@ std::string scaler_desc(const LossScaler& s) {
 
 }  // namespace
 
+// Runs one set-up phase of a rank, recording a failure as an exit code and message instead of throwing, so that
+// every rank reaches the agreement that follows it.
+struct PhaseResult {
+  int code = 0;
+  std::string message;
+  bool secondary = false;
+};
+template <typename F> void run_phase(PhaseResult& r, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    r.code = e.exit_code();
+    r.message = e.what();
+    r.secondary = e.secondary();
+  } catch (const std::exception& e) {
+    r.code = 1;
+    r.message = e.what();
+  }
+}
+
 int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   RunConfig cfg;
+  Device device = Device::kCPU;
   std::unique_ptr<Trainer> trainer;
-  int code = 0;
-  bool secondary = false;
-  std::string message, run_dir, checkpoint_dir, resumed_from;
-  try {
+  PhaseResult setup;
+  std::string run_dir, checkpoint_dir, resumed_from;
+  run_phase(setup, [&] {
     cfg = parse_config_file(args.config);
     if (!args.precision.empty()) {
       const std::string p = to_upper(args.precision);
       if (p != "FP32" && p != "FP16" && p != "BF16" && p != "AUTO")
         throw BadInput("--precision", "expected fp32, fp16, bf16 or auto, got '" + args.precision + "'");
       apply_override(cfg, "precision.dtype=" + p);
+    }
+    if (!args.device.empty()) {
+      const std::string d = to_upper(args.device);
+      if (d != "CPU" && d != "CUDA" && d != "AUTO")
+        throw BadInput("--device", "expected cpu, cuda or auto, got '" + args.device + "'");
+      // Over AMPDIST_DEVICE and device.kind (resolve_device reads the variable).
+      std::string lower = args.device;
+      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+      setenv("AMPDIST_DEVICE", lower.c_str(), 1);
     }
     for (const std::string& s : args.sets) apply_override(cfg, s);
     // Fault drills without editing a config: AMPDIST_FAULT holds a FaultConfig in text format.
@@ -94,19 +125,36 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
           throw BadInput(dir, field + ": cannot create or write this directory" + (ec ? ": " + ec.message() : ""));
       }
     }
-    trainer = make_trainer(cfg, comm);
-  } catch (const Error& e) {
-    code = e.exit_code();
-    message = e.what();
-  } catch (const std::exception& e) {
-    code = 1;
-    message = e.what();
-  }
+    device = resolve_device(cfg);
+    if (device == Device::kCUDA) {
+#ifdef AMPDIST_HAVE_CUDA
+      bind_device(comm.local_rank(), comm.local_size(), cfg.device().allow_sharing());
+#endif
+    }
+  });
   // Everything above is local to each rank (no collective), so a rank that failed cannot leave another waiting.
-  if (int rc = agree_on_failure(comm, code, message, false)) return rc;
+  if (int rc = agree_on_failure(comm, setup.code, setup.message, false)) return rc;
+
+  // The GPU's communicator (ncclCommInitRank is collective: only once every rank got this far) and the trainer.
+  Communicator* train_comm = &comm;
+#ifdef AMPDIST_HAVE_CUDA
+  std::unique_ptr<NcclCommunicator> nccl;
+#endif
+  PhaseResult build;
+  run_phase(build, [&] {
+#ifdef AMPDIST_HAVE_CUDA
+    if (device == Device::kCUDA) {
+      nccl = std::make_unique<NcclCommunicator>(comm.comm(), cfg.comm().timeout_s());
+      train_comm = nccl.get();
+    }
+#endif
+    trainer = make_trainer(cfg, *train_comm);
+  });
+  if (int rc = agree_on_failure(comm, build.code, build.message, false)) return rc;
 
   comm.set_progress_dir(run_dir + "/.ranks");
-  try {
+  PhaseResult resume;
+  run_phase(resume, [&] {
     // One run id for every rank: rank 0's random draw.
     const uint64_t id = comm.allgather_u64(std::random_device{}() * 0x100000000ull + std::random_device{}(),
                                            "run id gather")[0];
@@ -126,21 +174,20 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
                        " ranks, master weights hash " + hex16(trainer->masters().hash()) + ")";
       }
     }
-  } catch (const Error& e) {
-    code = e.exit_code();
-    message = e.what();
-    secondary = e.secondary();
-  } catch (const std::exception& e) {
-    code = 1;
-    message = e.what();
-  }
-  if (int rc = agree_on_failure(comm, code, message, secondary)) return rc;
+  });
+  if (int rc = agree_on_failure(comm, resume.code, resume.message, resume.secondary)) return rc;
 
   const bool rank0 = comm.rank() == 0;
   if (rank0) {
     const int64_t params = trainer->masters().numel();
-    std::cout << fmt::format("ampdist train: {} | world size {} ({}) | {} | {}\n", cfg.name(), comm.world_size(),
-                             describe_launcher(), dtype_name(trainer->working_dtype()), scaler_desc(trainer->scaler()));
+    std::string where = "CPU backend";
+    if (device == Device::kCUDA) {
+      const device::Properties p = device::properties(device::current_device());
+      where = fmt::format("CUDA backend, {} (sm_{}{}) on rank 0", p.name, p.major, p.minor);
+    }
+    std::cout << fmt::format("ampdist train: {} | world size {} ({}) | {} | {} | {}\n", cfg.name(), comm.world_size(),
+                             describe_launcher(), where, dtype_name(trainer->working_dtype()),
+                             scaler_desc(trainer->scaler()));
     std::cout << fmt::format(
         "model: {} parameters, {} gradient buckets | global batch {} = {} ranks x {} micro-batches x {} | {} steps "
         "({} per epoch) | run dir {}\n",
@@ -185,6 +232,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     if (s.stopped) std::cout << "stopped early on request; resume with --resume auto\n";
     std::cout << std::flush;
   }
+  trainer.reset();  // before the communicator it uses
   return 0;
 }
 

@@ -10,6 +10,7 @@ namespace ampdist {
 
 struct TrainArgs {
   std::string config;               // --config FILE
+  std::string device;     // --device: cpu, cuda or auto (device.kind)
   std::string precision;            // --precision fp32|fp16|bf16|auto ("" = the config's)
   std::vector<std::string> sets;    // --set field=value, applied in order
   std::string run_dir;              // --run-dir DIR ("" = log.dir or runs/<name>)

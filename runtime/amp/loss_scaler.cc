@@ -36,42 +36,52 @@ LossScaler LossScaler::from_config(const PrecisionConfig& cfg, DTypeName resolve
   return s;
 }
 
+ScalerRule LossScaler::rule() const {
+  ScalerRule r;
+  r.dynamic = mode_ == Mode::kDynamic;
+  r.growth_factor = cfg_.growth_factor();
+  r.backoff_factor = cfg_.backoff_factor();
+  r.min_scale = cfg_.min_scale();
+  r.growth_interval = cfg_.growth_interval();
+  r.hysteresis = cfg_.hysteresis();
+  r.max_consecutive_skips = max_consecutive_skips_;
+  return r;
+}
+
+ScalerScalars LossScaler::scalars() const {
+  return ScalerScalars{state_.scale, state_.hysteresis_tracker, state_.growth_tracker, state_.skipped_steps,
+                       state_.consecutive_skips};
+}
+
+void LossScaler::set_scalars(const ScalerScalars& s) {
+  state_.scale = s.scale;
+  state_.hysteresis_tracker = s.hysteresis_tracker;
+  state_.growth_tracker = s.growth_tracker;
+  state_.skipped_steps = s.skipped_steps;
+  state_.consecutive_skips = s.consecutive_skips;
+}
+
+void LossScaler::throw_status(int32_t status) const {
+  std::ostringstream o;
+  if (status == kScalerTooManySkips) {
+    o << state_.consecutive_skips << " consecutive steps had non-finite gradients on some rank "
+      << "(precision.max_consecutive_skips = " << max_consecutive_skips_ << ", loss scale " << state_.scale
+      << "): stopping instead of skipping forever; try a lower optimizer.lr, bf16, precision.fp32_layers for the "
+      << "layer that overflows, or check the input data";
+  } else {
+    o << "loss scale would fall to " << state_.scale * cfg_.backoff_factor() << ", below precision.dynamic.min_scale = "
+      << cfg_.min_scale() << ", after " << state_.skipped_steps << " skipped steps: the gradients overflow at every "
+      << "scale; try a lower optimizer.lr, bf16, or precision.fp32_layers for the layer that overflows";
+  }
+  throw Error(o.str());
+}
+
 void LossScaler::update(bool found_inf) {
   ++updates_;
-  if (found_inf) {
-    ++state_.skipped_steps;
-    if (++state_.consecutive_skips >= max_consecutive_skips_ && max_consecutive_skips_ > 0) {
-      std::ostringstream o;
-      o << state_.consecutive_skips << " consecutive steps had non-finite gradients on some rank "
-        << "(precision.max_consecutive_skips = " << max_consecutive_skips_ << ", loss scale " << state_.scale
-        << "): stopping instead of skipping forever; try a lower optimizer.lr, bf16, precision.fp32_layers for the "
-        << "layer that overflows, or check the input data";
-      throw Error(o.str());
-    }
-  } else {
-    state_.consecutive_skips = 0;
-  }
-  if (mode_ != Mode::kDynamic) return;
-  if (found_inf) {
-    state_.growth_tracker = 0;
-    if (--state_.hysteresis_tracker <= 0) {
-      const float next = state_.scale * cfg_.backoff_factor();
-      if (next < cfg_.min_scale()) {
-        std::ostringstream o;
-        o << "loss scale would fall to " << next << ", below precision.dynamic.min_scale = " << cfg_.min_scale()
-          << ", after " << state_.skipped_steps << " skipped steps: the gradients overflow at every scale; try a "
-          << "lower optimizer.lr, bf16, or precision.fp32_layers for the layer that overflows";
-        throw Error(o.str());
-      }
-      state_.scale = next;
-    }
-    return;
-  }
-  if (++state_.growth_tracker == cfg_.growth_interval()) {
-    state_.scale *= cfg_.growth_factor();
-    state_.growth_tracker = 0;
-    state_.hysteresis_tracker = cfg_.hysteresis();
-  }
+  ScalerScalars s = scalars();
+  const int32_t status = scaler_update(s, rule(), found_inf);
+  set_scalars(s);
+  if (status != kScalerOk) throw_status(status);
 }
 
 }  // namespace ampdist

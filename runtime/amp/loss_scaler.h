@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "ampdist/config.pb.h"
+#include "runtime/kernels/step_math.h"
 
 namespace ampdist {
 
@@ -50,6 +51,13 @@ class LossScaler {
   // Applies the rule above. Throws ampdist::Error when a backoff would take the scale below min_scale, or when the
   // skipped steps in a row reach the max_consecutive_skips limit; the message says which and what to try.
   void update(bool found_inf);
+
+  // The rule and state as the plain structs of kernels/step_math.h (the same update runs on the device).
+  ScalerRule rule() const;
+  ScalerScalars scalars() const;
+  void set_scalars(const ScalerScalars& s);
+  // Throws the Error update() throws for a ScalerStatus other than kScalerOk (state as left by the update).
+  [[noreturn]] void throw_status(int32_t status) const;
 
  private:
   Mode mode_ = Mode::kNone;

@@ -18,8 +18,9 @@ namespace ampdist {
 
 class MasterWeights {
  public:
-  // Points each Parameter's master/working/grad views into the flat buffers. Parameters must stay alive.
-  MasterWeights(std::vector<Parameter*> params, DType working_dtype);
+  // Points each Parameter's master/working/grad views into the flat buffers, allocated on `device`. Parameters must
+  // stay alive.
+  MasterWeights(std::vector<Parameter*> params, DType working_dtype, Device device = Device::kCPU);
 
   // Fills the master weights from each parameter's init rule with the counter-based RNG keyed by
   // (seed, parameter index): identical on every rank without a broadcast. Then casts to the working copy.
@@ -28,6 +29,7 @@ class MasterWeights {
   void cast_to_working();
 
   DType working_dtype() const { return working_dtype_; }
+  Device device() const { return device_; }
   int64_t numel() const { return master_.numel(); }
   Tensor& master() { return master_; }
   const Tensor& master() const { return master_; }
@@ -36,12 +38,14 @@ class MasterWeights {
   const Tensor& grads() const { return grads_; }
   std::span<Parameter* const> params() const { return params_; }
 
-  // XXH3-64 of the master buffer's bytes: equal on every rank after every step.
+  // XXH3-64 of the master buffer's bytes: equal on every rank after every step (a device buffer is copied to the
+  // host first, which synchronises).
   uint64_t hash() const;
 
  private:
   std::vector<Parameter*> params_;
   DType working_dtype_;
+  Device device_;
   Tensor master_, working_, grads_;
 };
 

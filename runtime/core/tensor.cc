@@ -1,5 +1,7 @@
 #include "runtime/core/tensor.h"
 
+#include "runtime/core/device.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -27,11 +29,19 @@ static void check_shape(const Shape& shape) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape(shape);
-  if (device != Device::kCPU) throw Error("Tensor::empty: this build has no CUDA backend");
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
   t.device_ = device;
+  if (device == Device::kCUDA) {
+    // cudaMalloc returns 256-byte aligned memory; device::alloc throws Error on failure or without CUDA.
+    const size_t bytes = std::max<size_t>(t.nbytes(), 1);
+    void* p = device::alloc(bytes);
+    t.storage_ = std::shared_ptr<void>(p, [](void* q) { device::free(q); });
+    t.capacity_bytes_ = bytes;
+    t.data_ = p;
+    return t;
+  }
   // 64-byte alignment for vector loads; never a zero-size allocation so data() is non-null.
   size_t bytes = std::max<size_t>(t.nbytes(), 1);
   size_t rounded = (bytes + 63) / 64 * 64;
@@ -45,7 +55,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.data_, 0, t.nbytes());
+  if (device == Device::kCUDA) device::memset_zero(t.data_, t.nbytes());
+  else std::memset(t.data_, 0, t.nbytes());
   return t;
 }
 
@@ -90,9 +101,34 @@ Tensor Tensor::reshape(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::to(Device device) const {
+  Tensor out = empty(shape_, dtype_, device);
+  copy_to(out);
+  return out;
+}
+
+void Tensor::copy_to(Tensor& dst) const {
+  if (dst.shape_ != shape_ || dst.dtype_ != dtype_)
+    throw Error("Tensor::copy_to: " + shape_str(shape_) + " " + dtype_name(dtype_) + " into " + shape_str(dst.shape_) +
+                " " + dtype_name(dst.dtype_));
+  if (nbytes() == 0) return;
+  if (device_ == Device::kCPU && dst.device_ == Device::kCPU) std::memcpy(dst.data_, data_, nbytes());
+  else device::copy(dst.data_, dst.device_, data_, device_, nbytes());
+}
+
 float Tensor::item(int64_t i) const {
-  if (device_ != Device::kCPU) throw Error("Tensor::item on a device tensor");
   if (i < 0 || i >= numel()) throw Error("Tensor::item index out of range");
+  if (device_ == Device::kCUDA) {  // one element through the host; synchronises the compute stream
+    uint32_t bits = 0;
+    const size_t es = dtype_size(dtype_);
+    device::copy(&bits, Device::kCPU, static_cast<const char*>(data_) + i * es, Device::kCUDA, es);
+    return dispatch_dtype(dtype_, [&](auto tag) {
+      using T = decltype(tag);
+      T v;
+      std::memcpy(static_cast<void*>(&v), &bits, sizeof(T));  // little-endian: the low bytes of bits
+      return static_cast<float>(v);
+    });
+  }
   return dispatch_dtype(dtype_, [&](auto tag) {
     using T = decltype(tag);
     return static_cast<float>(static_cast<const T*>(data_)[i]);

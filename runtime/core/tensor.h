@@ -26,7 +26,8 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Owning, uninitialised. Throws Error for a negative dimension or a device this build lacks.
+  // Owning, uninitialised (host memory 64-byte aligned; device memory from cudaMalloc). Throws Error for a negative
+  // dimension, a device this build lacks, or an allocation that fails.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::kCPU);
   // Owning, every element 0.
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::kCPU);
@@ -57,7 +58,14 @@ class Tensor {
   // Same storage, another shape with the same number of elements.
   Tensor reshape(const Shape& shape) const;
 
-  // Element i converted to float (host tensors only; for tests and logs, not hot loops).
+  // A new owning tensor on `device` with this tensor's contents (see copy_to for when it synchronises).
+  Tensor to(Device device) const;
+  // dst = this, same shape and dtype, any pair of devices (device -> host blocks until the bytes arrive; the other
+  // directions are queued on the compute stream). Throws Error on a shape or dtype mismatch.
+  void copy_to(Tensor& dst) const;
+
+  // Element i converted to float (for tests and logs, not hot loops; a device tensor's element is copied to the
+  // host, which synchronises the compute stream).
   float item(int64_t i) const;
 
  private:

@@ -1,5 +1,7 @@
 #include <cmath>
 
+#include "runtime/core/device.h"
+#include "runtime/kernels/device_ops.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/nn/module.h"
 
@@ -9,7 +11,7 @@ namespace {
 // Returns x in `dtype`, casting into `buffer` when it differs (autocast at an op boundary).
 const Tensor& in_dtype(const Tensor& x, DType dtype, Tensor& buffer) {
   if (x.dtype() == dtype) return x;
-  buffer.ensure(x.shape(), dtype);
+  buffer.ensure(x.shape(), dtype, x.device());
   kernels::cast(x, buffer);
   return buffer;
 }
@@ -74,7 +76,7 @@ const Tensor& Linear::forward(const Tensor& x) {
     throw Error("Linear " + name() + ": input " + shape_str(x.shape()) + ", expected [B, " + std::to_string(in_) +
                 "]");
   x_saved_ = in_dtype(x, dtype_, x_cast_);
-  y_.ensure({x.dim(0), out_}, dtype_);
+  y_.ensure({x.dim(0), out_}, dtype_, x.device());
   const Tensor& w = weight_.weights_for(dtype_);
   kernels::gemm(x_saved_, false, w, true, y_, 1.0f, 0.0f, has_bias_ ? &bias_.weights_for(dtype_) : nullptr);
   return y_;
@@ -91,7 +93,7 @@ const Tensor& Linear::backward(const Tensor& dy_in, GradContext& ctx) {
     if (ctx.on_grad_ready) ctx.on_grad_ready(bias_);
   }
   if (!ctx.need_input_grad) return kNone;
-  dx_.ensure({dy.dim(0), in_}, dtype_);
+  dx_.ensure({dy.dim(0), in_}, dtype_, dy.device());
   kernels::gemm(dy, false, weight_.weights_for(dtype_), false, dx_);
   return dx_;
 }
@@ -106,7 +108,7 @@ Activation::Activation(std::string name, Kind kind, const Autocast& autocast)
 
 const Tensor& Activation::forward(const Tensor& x_in) {
   const Tensor& x = in_dtype(x_in, forced_fp32_ ? DType::kFloat32 : x_in.dtype(), x_cast_);
-  y_.ensure(x.shape(), x.dtype());
+  y_.ensure(x.shape(), x.dtype(), x.device());
   if (kind_ == Kind::kReLU) {
     kernels::relu_forward(x, y_);
     saved_ = y_;  // ReLU's gradient needs only the sign of the output
@@ -120,7 +122,7 @@ const Tensor& Activation::forward(const Tensor& x_in) {
 const Tensor& Activation::backward(const Tensor& dy_in, GradContext& ctx) {
   if (!ctx.need_input_grad) return kNone;
   const Tensor& dy = in_dtype(dy_in, saved_.dtype(), dy_cast_);
-  dx_.ensure(dy.shape(), dy.dtype());
+  dx_.ensure(dy.shape(), dy.dtype(), dy.device());
   if (kind_ == Kind::kReLU)
     kernels::relu_backward(saved_, dy, dx_);
   else
@@ -133,14 +135,34 @@ const Tensor& Activation::backward(const Tensor& dy_in, GradContext& ctx) {
 double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int32_t> targets) {
   logits_ = logits;
   targets_.assign(targets.begin(), targets.end());
+  if (logits.device() == Device::kCUDA && device_loss_sum_) {
+    // The training step on the GPU: targets checked here, copied once, loss added on the device (no host wait).
+    const int64_t classes = logits.ndim() == 2 ? logits.dim(1) : 0;
+    if (logits.ndim() != 2 || static_cast<int64_t>(targets.size()) != logits.dim(0))
+      throw Error("softmax_cross_entropy: logits " + shape_str(logits.shape()) + " and " +
+                  std::to_string(targets.size()) + " targets do not match");
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (targets[i] < 0 || targets[i] >= classes)
+        throw Error("softmax_cross_entropy: target " + std::to_string(targets[i]) + " of row " + std::to_string(i) +
+                        " is outside [0, " + std::to_string(classes) + ")",
+                    ErrorKind::kBadInput);
+    targets_dev_.ensure({static_cast<int64_t>(targets.size())}, DType::kFloat32, Device::kCUDA);  // int32 payload
+    device::copy(targets_dev_.data(), Device::kCUDA, targets.data(), Device::kCPU, targets.size() * sizeof(int32_t));
+    kernels::gpu::softmax_cross_entropy_forward(logits, targets_dev_, lse_, row_loss_, device_loss_sum_, nullptr);
+    return 0.0;
+  }
   return kernels::softmax_cross_entropy_forward(logits, targets, lse_);
 }
 
 int64_t SoftmaxCrossEntropy::correct() const { return kernels::count_correct(logits_, targets_); }
 
 const Tensor& SoftmaxCrossEntropy::backward(float grad_scale) {
-  dlogits_.ensure(logits_.shape(), logits_.dtype());
-  kernels::softmax_cross_entropy_backward(logits_, targets_, lse_, grad_scale, dlogits_);
+  dlogits_.ensure(logits_.shape(), logits_.dtype(), logits_.device());
+  if (logits_.device() == Device::kCUDA && device_loss_sum_)
+    kernels::gpu::softmax_cross_entropy_backward(logits_, targets_dev_, lse_, grad_scale, dlogits_, device_scale_,
+                                                    device_divisor_);
+  else
+    kernels::softmax_cross_entropy_backward(logits_, targets_, lse_, grad_scale, dlogits_);
   return dlogits_;
 }
 

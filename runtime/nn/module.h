@@ -135,6 +135,24 @@ class Criterion {
   virtual const Tensor& backward(float grad_scale) = 0;
   // Samples of the last forward whose prediction matched the target (classification only; 0 otherwise).
   virtual int64_t correct() const { return 0; }
+
+  // The CUDA backend's training step: when set, a forward on device outputs ADDS its loss sum to *loss_sum (a device
+  // double) and returns 0, and backward ignores its argument and uses float(*scale / divisor) read on the device, so
+  // the step never waits for a value; the trainer reads the sum at log steps. Null (the default): forward returns
+  // the sum (synchronising on a device). A criterion without a device path ignores this.
+  // Whether this criterion implements that path; the trainer reads the scale and the loss on the host (one small
+  // synchronisation per step) for criteria that do not.
+  virtual bool supports_device_step() const { return false; }
+  void set_device_step(double* loss_sum, const float* scale, double divisor) {
+    device_loss_sum_ = loss_sum;
+    device_scale_ = scale;
+    device_divisor_ = divisor;
+  }
+
+ protected:
+  double* device_loss_sum_ = nullptr;
+  const float* device_scale_ = nullptr;
+  double device_divisor_ = 1.0;
 };
 
 // Softmax cross-entropy over classes, in FP32 whatever the logits' dtype (autocast "cross_entropy").
@@ -144,9 +162,10 @@ class SoftmaxCrossEntropy : public Criterion {
   const Tensor& backward(float grad_scale) override;
   // Counted on request (evaluation), not in every training step's forward.
   int64_t correct() const override;
+  bool supports_device_step() const override { return true; }
 
  private:
-  Tensor logits_, lse_, dlogits_;
+  Tensor logits_, lse_, dlogits_, targets_dev_, row_loss_;
   std::vector<int32_t> targets_;
 };
 

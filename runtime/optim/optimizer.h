@@ -12,6 +12,7 @@
 
 #include "ampdist/config.pb.h"
 #include "runtime/core/tensor.h"
+#include "runtime/kernels/step_math.h"
 
 namespace ampdist {
 
@@ -20,6 +21,10 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // params, grads: [n] FP32 (the flat buffers). lr: this update's learning rate.
   virtual void step(Tensor& params, const Tensor& grads, float lr) = 0;
+  // The CUDA backend's gated update: reads the step's agreed values (skip, lr, clip factor, first step, bias
+  // corrections) from st->gate on the device; the host's step_count() is brought up to date by the trainer when it
+  // reads the device state. Buffers must be on the GPU.
+  virtual void step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) = 0;
   virtual std::string kind() const = 0;  // "sgd", "adamw"
   // Updates applied so far (AdamW's t).
   int64_t step_count() const { return step_count_; }
@@ -34,8 +39,9 @@ class Optimizer {
 
 class Sgd : public Optimizer {
  public:
-  Sgd(int64_t numel, const SgdConfig& cfg, float weight_decay);
+  Sgd(int64_t numel, const SgdConfig& cfg, float weight_decay, Device device = Device::kCPU);
   void step(Tensor& params, const Tensor& grads, float lr) override;
+  void step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) override;
   std::string kind() const override { return "sgd"; }
   std::vector<std::pair<std::string, Tensor*>> state() override;
 
@@ -47,8 +53,9 @@ class Sgd : public Optimizer {
 
 class AdamW : public Optimizer {
  public:
-  AdamW(int64_t numel, const AdamWConfig& cfg, float weight_decay);
+  AdamW(int64_t numel, const AdamWConfig& cfg, float weight_decay, Device device = Device::kCPU);
   void step(Tensor& params, const Tensor& grads, float lr) override;
+  void step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) override;
   std::string kind() const override { return "adamw"; }
   std::vector<std::pair<std::string, Tensor*>> state() override;
   const Tensor& exp_avg() const { return m_; }
@@ -60,8 +67,9 @@ class AdamW : public Optimizer {
   Tensor m_, v_;
 };
 
-// The optimizer named by optimizer { sgd {...} } or { adamw {...} } (default: SGD without momentum).
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel);
+// The optimizer named by optimizer { sgd {...} } or { adamw {...} } (default: SGD without momentum), its state
+// buffers on `device`.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg, int64_t numel, Device device = Device::kCPU);
 
 // Learning rate of the n-th applied update (n = 0, 1, ...): linear warmup lr * (n+1) / warmup_steps for
 // n < warmup_steps, then constant or a cosine from lr to min_lr over the remaining updates up to total_steps

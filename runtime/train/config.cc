@@ -1,5 +1,9 @@
 #include "runtime/train/config.h"
 
+#include <cstdlib>
+
+#include "runtime/core/device.h"
+
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
@@ -141,13 +145,33 @@ void apply_override(RunConfig& cfg, const std::string& assignment) {
     throw BadInput(where, "bad value '" + assignment.substr(eq + 1) + "' for " + path);
 }
 
-DType resolve_dtype(DTypeName name, Device device) {
+DType resolve_dtype(DTypeName name, Device device, bool device_has_bf16) {
   switch (name) {
     case FP16: return DType::kFloat16;
     case BF16: return DType::kBFloat16;
-    case AUTO: return device == Device::kCUDA ? DType::kBFloat16 : DType::kFloat32;
+    case AUTO:
+      if (device != Device::kCUDA) return DType::kFloat32;
+      return device_has_bf16 ? DType::kBFloat16 : DType::kFloat16;
     default: return DType::kFloat32;
   }
+}
+
+Device resolve_device(const RunConfig& cfg) {
+  DeviceKind kind = cfg.device().kind();
+  std::string source = "device.kind";
+  if (const char* env = std::getenv("AMPDIST_DEVICE"); env && *env) {
+    const std::string v = env;
+    source = "AMPDIST_DEVICE=" + v;
+    if (v == "cpu") kind = DEVICE_CPU;
+    else if (v == "cuda") kind = DEVICE_CUDA;
+    else if (v == "auto") kind = DEVICE_AUTO;
+    else throw Error("AMPDIST_DEVICE: bad value '" + v + "' (expected cpu, cuda or auto)", ErrorKind::kBadInput);
+  }
+  if (kind == DEVICE_CPU) return Device::kCPU;
+  const int gpus = device::device_count();
+  if (kind == DEVICE_CUDA && gpus == 0)
+    throw Error(source + " asks for the GPU, but " + device::unavailable_reason(), ErrorKind::kBadInput);
+  return gpus > 0 ? Device::kCUDA : Device::kCPU;
 }
 
 DTypeName dtype_to_name(DType t) {

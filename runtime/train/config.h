@@ -25,8 +25,14 @@ void apply_override(RunConfig& cfg, const std::string& assignment);
 // Checks every value; `source` names the config in errors.
 void validate_config(const RunConfig& cfg, const std::string& source);
 
-// The working dtype of a run on `device`: AUTO is fp32 on the CPU backend.
-DType resolve_dtype(DTypeName name, Device device);
+// The working dtype of a run on `device`: AUTO is bf16 on a GPU with bf16 tensor cores (compute capability >= 8.0),
+// fp16 (with dynamic loss scaling, the default for fp16) on older GPUs, and fp32 on the CPU backend.
+DType resolve_dtype(DTypeName name, Device device, bool device_has_bf16 = true);
+
+// The device a run uses: AMPDIST_DEVICE (cpu, cuda, auto) if set, else device.kind; AUTO is the GPU when this build
+// has the CUDA backend and a GPU is visible. Throws Error (bad input) for CUDA without a usable GPU, or a bad
+// AMPDIST_DEVICE value.
+Device resolve_device(const RunConfig& cfg);
 // The config's spelling of a dtype: FP32, FP16, BF16.
 DTypeName dtype_to_name(DType t);
 

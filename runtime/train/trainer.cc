@@ -8,6 +8,8 @@
 #include <limits>
 #include <thread>
 
+#include "runtime/core/device.h"
+#include "runtime/kernels/device_ops.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/nn/mlp.h"
 #include "runtime/train/config.h"
@@ -51,22 +53,33 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
       test_(std::move(test)),
       consensus_(comm),
       schedule_(cfg.optimizer().lr(), cfg.optimizer().schedule(), 0) {
-  const DType working = resolve_dtype(cfg_.precision().dtype(), Device::kCPU);
+  device_ = comm_.device();
+  const DType working = resolve_dtype(cfg_.precision().dtype(), device_,
+                                      device_ == Device::kCUDA && device::properties(device::current_device()).bf16);
+  if (device_ == Device::kCUDA) {
+    if (cfg_.comm().mode() == REDUCE_SCATTER)
+      throw Error("comm.mode: REDUCE_SCATTER is not supported on the CUDA backend yet (use ALLREDUCE)",
+                  ErrorKind::kBadInput);
+    if (cfg_.precision().on_nonfinite() == DROP_RANK)
+      throw Error("precision.on_nonfinite: DROP_RANK is not supported on the CUDA backend yet (use SKIP)",
+                  ErrorKind::kBadInput);
+    kernels::gpu::set_allow_tf32(cfg_.precision().allow_tf32());
+  }
   const int threads = cfg_.train().threads_per_rank() > 0
                           ? cfg_.train().threads_per_rank()
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm_.local_size());
   kernels::set_num_threads(threads);
 
   model_->collect_parameters(params_);
-  masters_ = std::make_unique<MasterWeights>(params_, working);
+  masters_ = std::make_unique<MasterWeights>(params_, working, device_);
   masters_->initialize(cfg_.train().seed());
   scaler_ = LossScaler::from_config(cfg_.precision(), dtype_to_name(working));
   const int64_t cap_bytes = static_cast<int64_t>(cfg_.comm().bucket_cap_mb() * 1024.0 * 1024.0);
   reducer_ = std::make_unique<Reducer>(
       comm_, masters_->grads(), masters_->params(), std::max<int64_t>(cap_bytes, 1),
-      resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),
+      resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),  // AUTO reduce dtype: FP32 on either device
       cfg_.comm().mode() == REDUCE_SCATTER ? Reducer::Mode::kReduceScatter : Reducer::Mode::kAllreduce);
-  optimizer_ = make_optimizer(cfg_.optimizer(), masters_->numel());
+  optimizer_ = make_optimizer(cfg_.optimizer(), masters_->numel(), device_);
   grad_ctx_.on_grad_ready = [this](Parameter& p) { on_grad_ready(p); };
 
   const int accumulation = cfg_.optimizer().accumulation_steps();
@@ -88,6 +101,24 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
     total_steps_ = cfg_.train().steps();
   }
   schedule_ = LrSchedule(cfg_.optimizer().lr(), cfg_.optimizer().schedule(), total_steps_);
+
+  if (device_ == Device::kCUDA) {
+    const ScheduleConfig& sc = cfg_.optimizer().schedule();
+    step_cfg_.base_lr = cfg_.optimizer().lr();
+    step_cfg_.warmup = sc.warmup_steps();
+    step_cfg_.cosine = sc.kind() == COSINE;
+    step_cfg_.total_steps = sc.total_steps() > 0 ? sc.total_steps() : total_steps_;
+    step_cfg_.min_lr = sc.min_lr();
+    step_cfg_.clip_max_norm = cfg_.optimizer().clip_grad_norm();
+    step_cfg_.adamw = cfg_.optimizer().has_adamw();
+    step_cfg_.beta1 = cfg_.optimizer().adamw().beta1();
+    step_cfg_.beta2 = cfg_.optimizer().adamw().beta2();
+    step_cfg_.scaler = scaler_.rule();
+    device_state_ = Tensor::zeros({static_cast<int64_t>((sizeof(DeviceTrainState) + 3) / 4)}, DType::kFloat32,
+                                  Device::kCUDA);
+    dstate_ = static_cast<DeviceTrainState*>(device_state_.data());
+    push_device_state();
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -107,6 +138,7 @@ StepResult Trainer::step() {
 
 StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_samples) {
   if (micro.empty() || global_samples <= 0) throw Error("Trainer::step: a step needs micro-batches and samples");
+  if (device_ == Device::kCUDA) return step_device(micro, global_samples);
   StepResult r;
   r.iteration = ++iteration_;
   r.scale = scaler_.scale();
@@ -170,6 +202,101 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   return r;
 }
 
+// ---- the CUDA backend's step -------------------------------------------------------------------------------------
+// The same order as step() above, with every decision on the device: unscale + check into the device state, the
+// consensus MAX all-reduce of the device payload, then one thread computes the agreed flag, clip factor, learning
+// rate and scaler update, and the optimizer kernels read that gate. Nothing waits for the GPU unless sync_due().
+
+bool Trainer::sync_due(int64_t it) const {
+  const auto every = [it](int64_t n) { return n > 0 && it % n == 0; };
+  const int64_t spe = steps_per_epoch();
+  return it >= total_steps_ || every(cfg_.log().every_steps()) || every(cfg_.checkpoint().every_steps()) ||
+         every(cfg_.train().eval_every_steps()) || every(spe);
+}
+
+void Trainer::push_device_state() {
+  DeviceTrainState h;
+  device::copy(&h, Device::kCPU, dstate_, Device::kCUDA, sizeof h);
+  h.scaler = scaler_.scalars();
+  h.optimizer_steps = optimizer_->step_count();
+  h.status = 0;
+  h.stop = 0;
+  h.loss_sum = 0.0;
+  device::copy(dstate_, Device::kCUDA, &h, Device::kCPU, sizeof h);
+  device::synchronize();  // h is on this stack frame
+}
+
+void Trainer::read_device_state(StepResult& r) {
+  DeviceTrainState h;
+  device::copy(&h, Device::kCPU, dstate_, Device::kCUDA, sizeof h);  // waits for the queued steps
+  const double zero = 0.0;
+  device::copy(&dstate_->loss_sum, Device::kCUDA, &zero, Device::kCPU, sizeof zero);
+  device::synchronize();
+  scaler_.set_scalars(h.scaler);
+  optimizer_->set_step_count(h.optimizer_steps);
+  if (h.status == kStateDisagree)
+    throw Error("loss-scaler state differs across ranks at step " + std::to_string(iteration_) +
+                " (the consensus saw different scales or growth trackers): a bug, not a data problem");
+  if (h.status != 0) scaler_.throw_status(h.status);
+  r.loss = h.loss_sum + host_loss_since_read_;
+  host_loss_since_read_ = 0.0;
+  r.skipped = h.last_skipped != 0;
+  r.scale = h.last_scale;
+  r.lr = h.last_lr;
+  r.grad_norm = h.grad_norm;
+  r.stop = h.stop != 0;
+}
+
+StepResult Trainer::step_device(std::span<const MicroBatch> micro, int64_t global_samples) {
+  StepResult r;
+  r.iteration = ++iteration_;
+  r.global_samples = global_samples;
+  comm_.set_step(iteration_);
+  apply_faults();
+
+  masters_->cast_to_working();
+  kernels::gpu::step_begin(dstate_);
+  // A criterion with a device path reads the scale and adds its loss on the device; for any other, the scale comes
+  // to the host (one 4-byte copy, which waits for the previous step) and the loss is summed here.
+  const bool device_criterion = criterion_->supports_device_step();
+  float grad_scale = 0.0f;
+  if (device_criterion) {
+    criterion_->set_device_step(&dstate_->step_loss, &dstate_->scaler.scale, static_cast<double>(global_samples));
+  } else {
+    float scale = 0.0f;
+    device::copy(&scale, Device::kCPU, &dstate_->scaler.scale, Device::kCUDA, sizeof scale);
+    grad_scale = static_cast<float>(scale / static_cast<double>(global_samples));
+  }
+  double host_loss = 0.0;
+  if (x_dev_.size() < micro.size()) x_dev_.resize(micro.size());
+  for (size_t k = 0; k < micro.size(); ++k) {
+    final_micro_ = k + 1 == micro.size();
+    reducer_->begin_backward(final_micro_);
+    const Tensor& x_host = k == 0 ? maybe_inject_input(micro[k].x) : micro[k].x;
+    x_dev_[k].ensure(x_host.shape(), x_host.dtype(), Device::kCUDA);
+    x_host.copy_to(x_dev_[k]);
+    const Tensor& logits = model_->forward(x_dev_[k]);
+    host_loss += criterion_->forward(logits, micro[k].y);  // 0 from a device criterion
+    grad_ctx_.accumulate = k > 0;
+    grad_ctx_.need_input_grad = false;
+    model_->backward(criterion_->backward(grad_scale), grad_ctx_);
+  }
+  criterion_->set_device_step(nullptr, nullptr, 1.0);
+  host_loss_since_read_ += host_loss / static_cast<double>(global_samples);
+  reducer_->wait();  // stream order: the compute stream waits for the bucket all-reduces
+
+  for (const GradSpan& s : reducer_->owned()) {
+    Tensor g = Tensor::view(masters_->grads().data_as<float>() + s.begin, {s.count}, DType::kFloat32, Device::kCUDA);
+    kernels::gpu::unscale_and_check(g, dstate_);
+  }
+  kernels::gpu::step_fill_consensus(dstate_, stop_request().load());
+  comm_.allreduce_async(dstate_->consensus, 6, DType::kFloat32, ReduceOp::kMax, "consensus all-reduce")->wait();
+  kernels::gpu::step_finish(dstate_, step_cfg_, static_cast<double>(global_samples));
+  optimizer_->step_device(masters_->master(), masters_->grads(), dstate_);
+  if (sync_due(iteration_)) read_device_state(r);
+  return r;
+}
+
 void Trainer::apply_faults() {
   const FaultConfig& f = cfg_.fault();
   if (f.has_kill() && f.kill().step() == iteration_ && f.kill().rank() == comm_.rank()) {
@@ -200,8 +327,12 @@ void Trainer::on_grad_ready(Parameter& p) {
   if (final_micro_) {
     for (const NonFiniteInjection& f : cfg_.fault().inject_nonfinite()) {
       if (!injection_applies(f, iteration_, comm_.rank(), GRADIENT)) continue;
-      if (f.element() >= p.offset && f.element() < p.offset + p.numel())
-        p.grad.data_as<float>()[f.element() - p.offset] = nonfinite_value(f.value());
+      if (f.element() >= p.offset && f.element() < p.offset + p.numel()) {
+        const float v = nonfinite_value(f.value());
+        float* dst = p.grad.data_as<float>() + (f.element() - p.offset);
+        if (device_ == Device::kCUDA) device::copy(dst, Device::kCUDA, &v, Device::kCPU, sizeof v);
+        else *dst = v;
+      }
     }
   }
   reducer_->mark_ready(p);
@@ -250,6 +381,21 @@ CheckpointState Trainer::checkpoint_state() {
     t->set_offset(p->offset);
     t->set_numel(p->numel());
   }
+  if (device_ == Device::kCUDA) {
+    // Checkpoints are written from host memory: copy the GPU buffers to host copies (synchronises).
+    StepResult ignored;
+    read_device_state(ignored);
+    host_master_ = masters_->master().to(Device::kCPU);
+    m.set_master_xxh3(masters_->hash());
+    s.buffers.emplace_back("master", &host_master_);
+    const auto state = optimizer_->state();
+    host_optim_.resize(state.size());
+    for (size_t i = 0; i < state.size(); ++i) {
+      host_optim_[i] = state[i].second->to(Device::kCPU);
+      s.buffers.emplace_back(state[i].first, &host_optim_[i]);
+    }
+    return s;
+  }
   m.set_master_xxh3(masters_->hash());
   s.buffers.emplace_back("master", &masters_->master());
   for (auto& b : optimizer_->state()) s.buffers.push_back(b);
@@ -267,6 +413,14 @@ void Trainer::restore(const Manifest& m) {
   scaler_.set_state(st);
   optimizer_->set_step_count(m.optimizer_step_count());
   if (!m.run_id().empty()) run_id_ = m.run_id();
+  if (device_ == Device::kCUDA) {
+    // load_checkpoint filled the host copies handed out by checkpoint_state(): move them to the GPU.
+    host_master_.copy_to(masters_->master());
+    const auto state = optimizer_->state();
+    for (size_t i = 0; i < state.size() && i < host_optim_.size(); ++i) host_optim_[i].copy_to(*state[i].second);
+    masters_->cast_to_working();
+    push_device_state();
+  }
   if (sampler_) {
     // Continue at the same global sample position; with the same global batch (any world size, any
     // accumulation) that is the same step of the same epoch.
@@ -297,7 +451,13 @@ EvalResult Trainer::evaluate() {
     eval_y_.resize(n);
     float* x = eval_x_.data_as<float>();
     for (int64_t i = 0; i < n; ++i) test_->get(b + i, x + i * dim, &eval_y_[i]);
-    loss_sum += criterion_->forward(model_->forward(eval_x_), eval_y_);
+    const Tensor* xin = &eval_x_;
+    if (device_ == Device::kCUDA) {
+      eval_x_dev_.ensure(eval_x_.shape(), eval_x_.dtype(), Device::kCUDA);
+      eval_x_.copy_to(eval_x_dev_);
+      xin = &eval_x_dev_;
+    }
+    loss_sum += criterion_->forward(model_->forward(*xin), eval_y_);
     correct += criterion_->correct();
   }
   int64_t c[2] = {correct, end - begin};
@@ -312,7 +472,9 @@ EvalResult Trainer::evaluate() {
 
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
   DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
-  const DType working = resolve_dtype(cfg.precision().dtype(), Device::kCPU);
+  const Device dev = comm.device();
+  const DType working = resolve_dtype(cfg.precision().dtype(), dev,
+                                      dev == Device::kCUDA && device::properties(device::current_device()).bf16);
   const Autocast autocast(working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
   auto model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
   return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,

@@ -62,6 +62,13 @@ class Trainer {
   ~Trainer();
 
   // The next step from the training data.
+  //
+  // On the GPU the step is queued on the compute stream without waiting for it: a skipped step is decided, and the
+  // loss scale, learning rate, clip factor and optimizer gate computed, on the device. The host reads the device's
+  // state only at steps where the loop needs values (log steps, checkpoint steps, evaluation steps, the last step;
+  // see sync_due()); there the StepResult is complete and `loss` is this rank's share of the losses of every step
+  // since the previous such read (so a window's sum is unchanged). At other steps loss, lr, grad_norm, skipped and
+  // stop are 0/false. A stop request is therefore acted on at the next such step.
   StepResult step();
   // One step on explicitly given micro-batches of this rank (accumulation = micro.size(), which must be the same on
   // every rank); global_samples: samples of the step over all ranks (the loss divisor).
@@ -82,6 +89,9 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   int64_t epoch_of(int64_t iteration) const;  // 0-based epoch of a 1-based iteration
   DType working_dtype() const { return masters_->working_dtype(); }
+  // Where the step runs: the communicator's device (CPU with MpiCommunicator, the current GPU with
+  // NcclCommunicator; see step() for what differs on the GPU).
+  Device device() const { return device_; }
   int64_t micro_batch_size() const { return micro_batch_; }
 
   Module& model() { return *model_; }
@@ -101,6 +111,11 @@ class Trainer {
   // factor that turns the sum over the remaining ranks into their mean (0 when no rank is left).
   double drop_nonfinite_ranks(int64_t local_samples, int64_t global_samples, StepResult& r);
   const Tensor& maybe_inject_input(const Tensor& x);
+  // CUDA backend.
+  StepResult step_device(std::span<const MicroBatch> micro, int64_t global_samples);
+  bool sync_due(int64_t iteration) const;
+  void read_device_state(StepResult& r);  // device -> host, updates scaler and optimizer step count
+  void push_device_state();               // host scaler and optimizer step count -> device
 
   RunConfig cfg_;
   Communicator& comm_;
@@ -119,9 +134,17 @@ class Trainer {
   int64_t micro_batch_ = 0, total_steps_ = 0, iteration_ = 0;
   GradContext grad_ctx_;
   bool final_micro_ = false;
-  Tensor injected_x_, eval_x_;
+  Tensor injected_x_, eval_x_, eval_x_dev_;
   std::vector<int32_t> eval_y_;
   std::string run_id_;
+  Device device_ = Device::kCPU;
+  Tensor device_state_;                 // bytes of a DeviceTrainState on the GPU
+  DeviceTrainState* dstate_ = nullptr;  // = device_state_.data()
+  StepConfig step_cfg_;
+  std::vector<Tensor> x_dev_;           // inputs copied to the GPU, per micro-batch
+  Tensor host_master_;                  // host copies for checkpoints of GPU runs
+  std::vector<Tensor> host_optim_;
+  double host_loss_since_read_ = 0.0;   // losses of criteria without a device path, since the last read
 };
 
 // The trainer of a config: its datasets (data {...}), its model (model {...}) with softmax cross-entropy.

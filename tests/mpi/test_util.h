@@ -18,7 +18,8 @@ namespace ampdist::testing {
 constexpr double kTimeoutS = 60.0;
 
 // Loss = sum of every output element (a per-sample loss that is linear in the output, e.g. w * x): its gradient
-// with respect to each output element is exactly grad_scale.
+// with respect to each output element is exactly grad_scale. Works on either device (on the GPU it has no device
+// path, so the trainer reads the scale on the host).
 class SumLoss : public Criterion {
  public:
   double forward(const Tensor& out, std::span<const int32_t>) override {
@@ -30,8 +31,8 @@ class SumLoss : public Criterion {
   const Tensor& backward(float grad_scale) override {
     Tensor f = Tensor::empty(out_.shape(), DType::kFloat32);
     for (int64_t i = 0; i < f.numel(); ++i) f.data_as<float>()[i] = grad_scale;
-    grad_.ensure(out_.shape(), out_.dtype());
-    kernels::cast(f, grad_);
+    grad_.ensure(out_.shape(), out_.dtype(), out_.device());
+    kernels::cast(out_.device() == Device::kCPU ? f : f.to(out_.device()), grad_);
     return grad_;
   }
 
@@ -54,14 +55,16 @@ inline MicroBatch batch(const std::vector<std::vector<float>>& rows, int64_t fea
 // A trainer over a single Linear layer without bias (in -> out), for the explicit-step scenarios.
 inline std::unique_ptr<Trainer> linear_trainer(const RunConfig& cfg, Communicator& comm, int64_t in, int64_t out,
                                                std::unique_ptr<Criterion> loss = std::make_unique<SumLoss>()) {
-  const Autocast ac(resolve_dtype(cfg.precision().dtype(), Device::kCPU));
+  const Autocast ac(resolve_dtype(cfg.precision().dtype(), comm.device()));
   auto model = std::make_unique<Linear>("w", in, out, /*bias=*/false, ac);
   return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), nullptr, nullptr);
 }
 
+// The bytes of a tensor on either device.
 inline std::vector<uint8_t> bytes(const Tensor& t) {
-  const auto* p = static_cast<const uint8_t*>(t.data());
-  return std::vector<uint8_t>(p, p + t.nbytes());
+  const Tensor h = t.device() == Device::kCPU ? t : t.to(Device::kCPU);
+  const auto* p = static_cast<const uint8_t*>(h.data());
+  return std::vector<uint8_t>(p, p + h.nbytes());
 }
 
 // True when `value` is the same on every rank.

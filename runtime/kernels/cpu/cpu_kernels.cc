@@ -8,10 +8,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/kernels/checks.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/math.h"
 
-namespace ampdist::kernels {
+namespace ampdist::kernels::cpu {
 namespace {
 
 void require_cpu(const char* op, const Tensor& t) {
@@ -78,24 +79,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   require_cpu("gemm", a);
   require_cpu("gemm", b);
   require_cpu("gemm", c);
-  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2)
-    throw Error("gemm: expected 2-d tensors, got " + shape_str(a.shape()) + ", " + shape_str(b.shape()) + ", " +
-                shape_str(c.shape()));
-  if (a.dtype() != b.dtype())
-    throw Error(std::string("gemm: A is ") + dtype_name(a.dtype()) + " but B is " + dtype_name(b.dtype()));
-  const int64_t m = trans_a ? a.dim(1) : a.dim(0);
-  const int64_t k = trans_a ? a.dim(0) : a.dim(1);
-  const int64_t kb = trans_b ? b.dim(1) : b.dim(0);
-  const int64_t n = trans_b ? b.dim(0) : b.dim(1);
-  if (k != kb || c.dim(0) != m || c.dim(1) != n)
-    throw Error("gemm: shapes do not match: op(A) [" + std::to_string(m) + ", " + std::to_string(k) + "], op(B) [" +
-                std::to_string(kb) + ", " + std::to_string(n) + "], C " + shape_str(c.shape()));
-  if (beta != 0.0f && c.dtype() != DType::kFloat32) throw Error("gemm: beta != 0 needs an FP32 output");
-  if (c.dtype() != DType::kFloat32 && c.dtype() != a.dtype())
-    throw Error(std::string("gemm: output dtype ") + dtype_name(c.dtype()) + " is neither FP32 nor the inputs' " +
-                dtype_name(a.dtype()));
-  if (bias && (bias->numel() != n))
-    throw Error("gemm: bias " + shape_str(bias->shape()) + " does not match N = " + std::to_string(n));
+  const GemmShape shape = check_gemm(a, trans_a, b, trans_b, c, beta, bias);
+  const int64_t m = shape.m, n = shape.n, k = shape.k;
   if (m == 0 || n == 0) return;
 
   thread_local std::vector<float> sa, sb, sc, sbias;
@@ -328,7 +313,7 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
     math::adamw_update(w[i], g[i], pm[i], pv[i], p.lr, b1, omb1, b2, omb2, eps, p.weight_decay, bc1, bc2_sqrt);
 }
 
-}  // namespace ampdist::kernels
+}  // namespace ampdist::kernels::cpu
 
 namespace ampdist::kernels {
 void set_num_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }

@@ -1,0 +1,291 @@
+#include "comm/nccl_communicator.h"
+
+#ifdef AMPDIST_HAVE_CUDA
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "runtime/core/device.h"
+#include "runtime/core/error.h"
+
+namespace ampdist {
+
+namespace {
+
+void check_nccl(ncclResult_t r, const std::string& what) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw Error(what + ": " + ncclGetErrorString(r) + (r == ncclSystemError || r == ncclRemoteError
+                                                          ? " (another rank or the network failed; see NCCL_DEBUG=WARN)"
+                                                          : ""));
+}
+
+void check_cuda(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw Error(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat32: break;
+  }
+  return ncclFloat32;
+}
+
+cudaStream_t compute() { return static_cast<cudaStream_t>(device::compute_stream()); }
+
+}  // namespace
+
+int bind_device(int local_rank, int local_size, bool allow_sharing) {
+  const int n = device::device_count();
+  if (n == 0) throw Error("no CUDA device for this rank: " + device::unavailable_reason(), ErrorKind::kBadInput);
+  if (local_size > n && !allow_sharing)
+    throw Error(std::to_string(local_size) + " ranks on this node but " + std::to_string(n) +
+                    " visible GPUs: start one rank per GPU (mpirun -np <GPUs per node> per node, srun "
+                    "--ntasks-per-node=<GPUs>), or set device.allow_sharing for tests",
+                ErrorKind::kBadInput);
+  const int dev = local_rank % n;
+  device::set_device(dev);
+  return dev;
+}
+
+struct NcclCommunicator::State {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0, rank = 0;
+  std::atomic<int64_t> step{0};
+  std::atomic<double> timeout_s{600.0};
+
+  struct Pending {
+    cudaEvent_t done;
+    std::string what;
+    int64_t step;
+    std::chrono::steady_clock::time_point issued;
+  };
+  std::mutex mu;
+  std::deque<Pending> pending;  // in issue order; completed ones are popped from the front
+  std::deque<cudaEvent_t> free_events;
+  std::atomic<bool> stop{false};
+  std::thread monitor;
+
+  cudaEvent_t event() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!free_events.empty()) {
+      cudaEvent_t e = free_events.front();
+      free_events.pop_front();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+
+  [[noreturn]] void fail(const std::string& msg) {
+    std::fprintf(stderr, "ampdist: error: [rank %d] %s\n", rank, msg.c_str());
+    std::fflush(stderr);
+    ncclCommAbort(comm);  // unblocks the kernels of this rank; the launcher then stops the others
+    std::_Exit(1);
+  }
+
+  void run_monitor() {
+    cudaSetDevice(device);  // the runtime's current device is per thread
+    while (!stop.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        fail(std::string("asynchronous NCCL error at step ") + std::to_string(step.load()) + ": " +
+             ncclGetErrorString(async) + "; aborting the NCCL communicator");
+      std::lock_guard<std::mutex> lock(mu);
+      while (!pending.empty()) {
+        Pending& p = pending.front();
+        const cudaError_t q = cudaEventQuery(p.done);
+        if (q == cudaSuccess) {
+          free_events.push_back(p.done);
+          pending.pop_front();
+          continue;
+        }
+        if (q != cudaErrorNotReady)
+          fail("step " + std::to_string(p.step) + ": " + p.what + " failed on the device: " + cudaGetErrorName(q));
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - p.issued).count();
+        if (waited > timeout_s.load()) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "%.0f", timeout_s.load());
+          fail("step " + std::to_string(p.step) + ": " + p.what + " did not complete within " + buf +
+               " s (comm.timeout_s); another rank stopped or the network is down; aborting the NCCL communicator");
+        }
+        break;  // later collectives cannot finish before this one
+      }
+    }
+  }
+
+  // Orders the communication stream after the compute stream's work so far.
+  void after_compute() {
+    cudaEvent_t ready = event();
+    check_cuda(cudaEventRecord(ready, compute()), "cudaEventRecord (compute)");
+    check_cuda(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent (communication)");
+    std::lock_guard<std::mutex> lock(mu);
+    free_events.push_back(ready);  // reusable once recorded again: stream order keeps the wait correct
+  }
+
+  cudaEvent_t issued(const std::string& what) {
+    cudaEvent_t done = event();
+    check_cuda(cudaEventRecord(done, stream), "cudaEventRecord (communication)");
+    std::lock_guard<std::mutex> lock(mu);
+    pending.push_back(Pending{done, what, step.load(), std::chrono::steady_clock::now()});
+    return done;
+  }
+};
+
+namespace {
+
+class NcclWork : public Work {
+ public:
+  explicit NcclWork(cudaEvent_t done) : done_(done) {}
+  // Stream order, not a host wait: kernels queued on the compute stream after this see the collective's result.
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    check_cuda(cudaStreamWaitEvent(compute(), done_, 0), "cudaStreamWaitEvent (compute)");
+  }
+
+ private:
+  cudaEvent_t done_;
+  bool waited_ = false;
+};
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, double timeout_s)
+    : host_(comm, timeout_s), state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.rank = host_.rank();
+  s.device = device::current_device();
+  s.timeout_s = timeout_s;
+  ncclUniqueId id;
+  if (host_.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, host_.comm());
+  check_nccl(ncclCommInitRank(&s.comm, host_.world_size(), id, host_.rank()),
+             "ncclCommInitRank (rank " + std::to_string(host_.rank()) + " of " + std::to_string(host_.world_size()) +
+                 ", device " + std::to_string(s.device) + ")");
+  check_cuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate (communication)");
+  s.monitor = std::thread([&s] { s.run_monitor(); });
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  State& s = *state_;
+  s.stop = true;
+  if (s.monitor.joinable()) s.monitor.join();
+  cudaStreamSynchronize(s.stream);
+  ncclCommDestroy(s.comm);
+  for (auto& p : s.pending) cudaEventDestroy(p.done);
+  for (auto e : s.free_events) cudaEventDestroy(e);
+  cudaStreamDestroy(s.stream);
+}
+
+std::unique_ptr<Work> NcclCommunicator::allreduce_async(void* buf, int64_t count, DType dtype, ReduceOp op,
+                                                        const std::string& what) {
+  State& s = *state_;
+  s.after_compute();
+  check_nccl(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(dtype), op == ReduceOp::kMax ? ncclMax : ncclSum,
+                           s.comm, s.stream),
+             what);
+  ++stats_.allreduce;
+  stats_.bytes += count * static_cast<int64_t>(dtype_size(dtype));
+  return std::make_unique<NcclWork>(s.issued(what));
+}
+
+std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const void* send, void* recv,
+                                                             std::span<const int64_t> counts, DType dtype,
+                                                             const std::string& what) {
+  State& s = *state_;
+  const size_t es = dtype_size(dtype);
+  s.after_compute();
+  bool even = true;
+  for (int64_t c : counts) even &= c == counts[0];
+  if (even) {
+    check_nccl(ncclReduceScatter(send, recv, static_cast<size_t>(counts[0]), nccl_type(dtype), ncclSum, s.comm, s.stream),
+               what);
+  } else {
+    check_nccl(ncclGroupStart(), what);
+    int64_t displ = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      check_nccl(ncclReduce(static_cast<const char*>(send) + displ * es, recv, static_cast<size_t>(counts[r]),
+                            nccl_type(dtype), ncclSum, static_cast<int>(r), s.comm, s.stream),
+                 what);
+      displ += counts[r];
+    }
+    check_nccl(ncclGroupEnd(), what);
+  }
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  ++stats_.reduce_scatter;
+  stats_.bytes += total * static_cast<int64_t>(es);
+  return std::make_unique<NcclWork>(s.issued(what));
+}
+
+std::unique_ptr<Work> NcclCommunicator::allgather_inplace_async(void* buf, std::span<const int64_t> counts,
+                                                                DType dtype, const std::string& what) {
+  State& s = *state_;
+  const size_t es = dtype_size(dtype);
+  s.after_compute();
+  check_nccl(ncclGroupStart(), what);
+  int64_t displ = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    char* p = static_cast<char*>(buf) + displ * es;
+    check_nccl(ncclBroadcast(p, p, static_cast<size_t>(counts[r]), nccl_type(dtype), static_cast<int>(r), s.comm,
+                             s.stream),
+               what);
+    displ += counts[r];
+  }
+  check_nccl(ncclGroupEnd(), what);
+  ++stats_.allgather;
+  stats_.bytes += counts[rank()] * static_cast<int64_t>(es);
+  return std::make_unique<NcclWork>(s.issued(what));
+}
+
+void NcclCommunicator::allreduce_f64(std::span<double> values, ReduceOp op, const std::string& what) {
+  host_.allreduce_f64(values, op, what);
+}
+void NcclCommunicator::allreduce_i64(std::span<int64_t> values, ReduceOp op, const std::string& what) {
+  host_.allreduce_i64(values, op, what);
+}
+std::vector<uint64_t> NcclCommunicator::allgather_u64(uint64_t value, const std::string& what) {
+  return host_.allgather_u64(value, what);
+}
+void NcclCommunicator::barrier(const std::string& what) { host_.barrier(what); }
+
+void NcclCommunicator::abort(int exit_code) {
+  ncclCommAbort(state_->comm);
+  host_.abort(exit_code);
+}
+
+void NcclCommunicator::set_step(int64_t step) {
+  state_->step = step;
+  host_.set_step(step);
+}
+
+void NcclCommunicator::set_timeout(double timeout_s) {
+  state_->timeout_s = timeout_s;
+  host_.set_timeout(timeout_s);
+}
+
+std::string NcclCommunicator::nccl_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch (2.9 and later).
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace ampdist
+
+#endif  // AMPDIST_HAVE_CUDA

@@ -1,0 +1,77 @@
+// Launchers of the CUDA backend's kernels, over raw device pointers (CUDA headers not needed to call them).
+//
+// kernels/dispatch.cc unpacks Tensors and calls these for device tensors; runtime/train/device_step.* calls the
+// step kernels. Every launcher queues work on `stream` (a cudaStream_t) and returns at once; launch errors throw
+// ampdist::Error naming the kernel. dtype codes are DType's values: 0 fp32, 1 fp16, 2 bf16. Per-element arithmetic
+// is kernels/math.h's (compiled with --fmad=false, so element-wise results equal the CPU backend's bit for bit).
+// Reductions (sum_rows, sum of squares, loss sums) use a fixed grid and a fixed tree order: the same inputs give the
+// same bits on every run and every rank, which the consensus and the clip factor rely on.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/kernels/step_math.h"
+
+namespace ampdist::cuda {
+
+using Stream = void*;
+
+// dst[i] = src[i] converted, round to nearest even.
+void cast(const void* src, int src_dtype, void* dst, int dst_dtype, int64_t n, Stream s);
+// c[M, N] (c_dtype) = c32[M, N] + bias[N] (bias may be null), rounded once.
+void add_bias_cast(const float* c32, const void* bias, int bias_dtype, void* c, int c_dtype, int64_t m, int64_t n,
+                   Stream s);
+// out[j] = beta * out[j] + sum_i x[i, j], x [rows, cols] of x_dtype, FP32 accumulation in row order.
+void sum_rows(const void* x, int x_dtype, int64_t rows, int64_t cols, float* out, float beta, Stream s);
+
+// Element-wise activations, dtype of x/y/dy/dx the same.
+void relu_forward(const void* x, void* y, int dtype, int64_t n, Stream s);
+void relu_backward(const void* y, const void* dy, void* dx, int dtype, int64_t n, Stream s);
+void gelu_forward(const void* x, void* y, int dtype, int64_t n, Stream s);
+void gelu_backward(const void* x, const void* dy, void* dx, int dtype, int64_t n, Stream s);
+
+// Softmax cross-entropy over logits [rows, classes] (any dtype), FP32 arithmetic per row (max-subtracted).
+// Writes lse[row] and row_loss[row] = lse - z[target]; *bad_row = the first row whose target is out of range
+// (left untouched when all are valid; the caller initialises it to -1; may be null when the caller checked them).
+void softmax_xent_forward(const void* logits, int dtype, const int32_t* targets, int64_t rows, int64_t classes,
+                          float* lse, float* row_loss, int32_t* bad_row, Stream s);
+// dlogits = grad_scale * (softmax - onehot), rounded once to dlogits_dtype. With scale_dev non-null, grad_scale is
+// float(*scale_dev / divisor) read on the device (the device-resident loss scale over the step's samples).
+void softmax_xent_backward(const void* logits, int dtype, const int32_t* targets, const float* lse, int64_t rows,
+                           int64_t classes, float grad_scale, const float* scale_dev, double divisor, void* dlogits,
+                           int dlogits_dtype, Stream s);
+// row_hit[row] = 1 when argmax(row) == target (first maximum, as the CPU backend), else 0.
+void argmax_hits(const void* logits, int dtype, const int32_t* targets, int64_t rows, int64_t classes,
+                 float* row_hit, Stream s);
+
+// *out (+)= sum_i x[i] (add: accumulate into *out) in double, deterministic order.
+void sum_f32(const float* x, int64_t n, double* out, bool add, Stream s);
+// *out = sum_i x[i]^2 in double, deterministic order.
+void sum_squares(const float* x, int64_t n, double* out, Stream s);
+
+// One fused pass over FP32 gradients: g *= inv_scale; *found_inf = 1 if any result is inf/NaN (never reset here);
+// *sum_sq += sum of squares of the finite results (double, deterministic). inv_scale from the host value, or, when
+// `scale_dev` is non-null, 1 / *scale_dev read on the device (the device-resident loss scale).
+void unscale_and_check(float* g, int64_t n, float inv_scale, const float* scale_dev, float* found_inf, double* sum_sq,
+                       Stream s);
+void scale_inplace(float* x, int64_t n, float factor, Stream s);
+
+// Optimizer updates over flat FP32 buffers. With `gate` null the host values are used (the CPU-equivalent path);
+// otherwise the update reads the step's agreed values on the device: nothing happens when gate->apply == 0, the
+// gradient is multiplied by gate->clip_coef first, and lr / first_step / bias corrections come from gate.
+void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float dampening,
+              float weight_decay, bool nesterov, bool first_step, const StepGate* gate, Stream s);
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float one_minus_beta1,
+                float beta2, float one_minus_beta2, float eps, float weight_decay, float bias_correction1,
+                float bias_correction2_sqrt, const StepGate* gate, Stream s);
+
+// ---- the device-resident step (runtime/train/device_step.*) ----------------------------------------------------
+// Zeroes state->found_inf and state->sum_sq.
+void step_begin(DeviceTrainState* state, Stream s);
+// state->consensus = [found_inf, S, -S, growth, -growth, stop_local]: the MAX all-reduce payload.
+void step_fill_consensus(DeviceTrainState* state, int local_stop, Stream s);
+// After the MAX all-reduce of state->consensus: the agreed flag, the clip factor, the learning rate, the bias
+// corrections, the gate, the loss-scaler update and the step counters (one thread; formulas in step_math.h).
+void step_finish(DeviceTrainState* state, const StepConfig& cfg, double loss_divisor, Stream s);
+
+}  // namespace ampdist::cuda

@@ -1,0 +1,43 @@
+// Device-resident variants of kernels.h for the CUDA backend's training step: nothing here reads a value back to
+// the host, so a step queues all its work on the compute stream without waiting for it.
+//
+// Every function throws ampdist::Error for tensors not on the GPU, or in a build without the CUDA backend.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/core/tensor.h"
+#include "runtime/kernels/step_math.h"
+
+namespace ampdist::kernels::gpu {
+
+// Softmax cross-entropy over logits [B, C] (any dtype) with targets [B] int32 on the device. Writes lse [B] and
+// row_loss [B] (FP32, resized as needed) and adds sum_i row_loss[i] (double, fixed order) to *loss_sum.
+// *bad_row (device int32, initialised to -1 by the caller) receives the first row whose target is out of range;
+// null when the caller has checked the targets on the host.
+void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& lse, Tensor& row_loss,
+                                   double* loss_sum, int32_t* bad_row);
+// dlogits = grad_scale * (softmax - onehot) with targets on the device; with scale_dev non-null, grad_scale is
+// float(*scale_dev / divisor) read on the device.
+void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
+                                    Tensor& dlogits, const float* scale_dev = nullptr, double divisor = 1.0);
+
+// The unscale + check pass reading the loss scale from state->scaler.scale and ORing into state->found_inf,
+// adding to state->sum_sq. grads: FP32 on the device.
+void unscale_and_check(Tensor& grads, DeviceTrainState* state);
+// Gated optimizer updates: read state->gate (skip, lr, clip factor, first step, bias corrections).
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, float momentum, float dampening,
+              float weight_decay, bool nesterov, const DeviceTrainState* state);
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double beta1, double beta2, double eps,
+                float weight_decay, const DeviceTrainState* state);
+
+// The step's one-thread kernels (see kernels/cuda/cuda_ops.h).
+void step_begin(DeviceTrainState* state);
+void step_fill_consensus(DeviceTrainState* state, bool local_stop);
+void step_finish(DeviceTrainState* state, const StepConfig& cfg, double loss_divisor);
+
+// Whether FP32 GEMMs may use TF32 tensor cores (precision.allow_tf32; off by default, as torch's
+// allow_tf32 for matmuls since 1.12). fp16/bf16 GEMMs always accumulate in FP32.
+void set_allow_tf32(bool allow);
+
+}  // namespace ampdist::kernels::gpu

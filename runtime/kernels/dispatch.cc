@@ -1,0 +1,73 @@
+// kernels.h's functions: each runs on the CPU backend, or on the CUDA backend when any tensor it is given lives on
+// the GPU (the CUDA side then checks that all of them do).
+#include "runtime/kernels/backends.h"
+
+namespace ampdist::kernels {
+namespace {
+bool dev(const Tensor& t) { return t.device() == Device::kCUDA; }
+}  // namespace
+
+void cast(const Tensor& src, Tensor& dst) {
+  if (dev(src) || dev(dst)) return cuda::cast(src, dst);
+  cpu::cast(src, dst);
+}
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+          const Tensor* bias) {
+  if (dev(a) || dev(b) || dev(c)) return cuda::gemm(a, trans_a, b, trans_b, c, alpha, beta, bias);
+  cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta, bias);
+}
+void sum_rows(const Tensor& x, Tensor& out, float beta) {
+  if (dev(x) || dev(out)) return cuda::sum_rows(x, out, beta);
+  cpu::sum_rows(x, out, beta);
+}
+void relu_forward(const Tensor& x, Tensor& y) {
+  if (dev(x) || dev(y)) return cuda::relu_forward(x, y);
+  cpu::relu_forward(x, y);
+}
+void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
+  if (dev(y) || dev(dy) || dev(dx)) return cuda::relu_backward(y, dy, dx);
+  cpu::relu_backward(y, dy, dx);
+}
+void gelu_forward(const Tensor& x, Tensor& y) {
+  if (dev(x) || dev(y)) return cuda::gelu_forward(x, y);
+  cpu::gelu_forward(x, y);
+}
+void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  if (dev(x) || dev(dy) || dev(dx)) return cuda::gelu_backward(x, dy, dx);
+  cpu::gelu_backward(x, dy, dx);
+}
+double softmax_cross_entropy_forward(const Tensor& logits, std::span<const int32_t> targets, Tensor& lse) {
+  if (dev(logits)) return cuda::softmax_cross_entropy_forward(logits, targets, lse);
+  return cpu::softmax_cross_entropy_forward(logits, targets, lse);
+}
+void softmax_cross_entropy_backward(const Tensor& logits, std::span<const int32_t> targets, const Tensor& lse,
+                                    float grad_scale, Tensor& dlogits) {
+  if (dev(logits) || dev(dlogits)) return cuda::softmax_cross_entropy_backward(logits, targets, lse, grad_scale, dlogits);
+  cpu::softmax_cross_entropy_backward(logits, targets, lse, grad_scale, dlogits);
+}
+int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets) {
+  if (dev(logits)) return cuda::count_correct(logits, targets);
+  return cpu::count_correct(logits, targets);
+}
+UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
+  if (dev(grads)) return cuda::unscale_and_check(grads, inv_scale);
+  return cpu::unscale_and_check(grads, inv_scale);
+}
+double sum_squares(const Tensor& x) {
+  if (dev(x)) return cuda::sum_squares(x);
+  return cpu::sum_squares(x);
+}
+void scale_inplace(Tensor& x, float factor) {
+  if (dev(x)) return cuda::scale_inplace(x, factor);
+  cpu::scale_inplace(x, factor);
+}
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p) {
+  if (dev(params) || dev(grads)) return cuda::sgd_step(params, grads, momentum_buf, p);
+  cpu::sgd_step(params, grads, momentum_buf, p);
+}
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p) {
+  if (dev(params) || dev(grads)) return cuda::adamw_step(params, grads, m, v, p);
+  cpu::adamw_step(params, grads, m, v, p);
+}
+
+}  // namespace ampdist::kernels
