@@ -8,5 +8,6 @@ bash launch/setup/build.sh
 precision="${1:-fp16}"
 root_flags=()
 if [ "$(id -u)" -eq 0 ]; then root_flags=(--allow-run-as-root); fi  # mpirun refuses root without it
+# Two ranks on the CPU backend (two ranks would need two GPUs): AMPDIST_DEVICE=cuda for a machine that has them.
 exec mpirun "${root_flags[@]}" --oversubscribe -np 2 build/ampdist train \
-  --config configs/fashion_mnist_mlp.pbtxt --precision "$precision"
+  --config configs/fashion_mnist_mlp.pbtxt --precision "$precision" --device "${AMPDIST_DEVICE:-cpu}"
