@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -65,29 +66,25 @@ struct NcclCommunicator::State {
   std::atomic<int64_t> step{0};
   std::atomic<double> timeout_s{600.0};
 
+  using Event = std::shared_ptr<CUevent_st>;  // shared by the pending list and the Work; destroyed by the last
+  static Event make_event() {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return Event(e, [](cudaEvent_t x) { cudaEventDestroy(x); });
+  }
+
   struct Pending {
-    cudaEvent_t done;
+    Event done;
     std::string what;
     int64_t step;
     std::chrono::steady_clock::time_point issued;
   };
   std::mutex mu;
   std::deque<Pending> pending;  // in issue order; completed ones are popped from the front
-  std::deque<cudaEvent_t> free_events;
+  cudaEvent_t ready = nullptr;  // marks the compute stream's position for each collective (re-recorded every time:
+                                // a stream wait uses the record current when it is issued)
   std::atomic<bool> stop{false};
   std::thread monitor;
-
-  cudaEvent_t event() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!free_events.empty()) {
-      cudaEvent_t e = free_events.front();
-      free_events.pop_front();
-      return e;
-    }
-    cudaEvent_t e = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    return e;
-  }
 
   [[noreturn]] void fail(const std::string& msg) {
     std::fprintf(stderr, "ampdist: error: [rank %d] %s\n", rank, msg.c_str());
@@ -107,9 +104,8 @@ struct NcclCommunicator::State {
       std::lock_guard<std::mutex> lock(mu);
       while (!pending.empty()) {
         Pending& p = pending.front();
-        const cudaError_t q = cudaEventQuery(p.done);
+        const cudaError_t q = cudaEventQuery(p.done.get());
         if (q == cudaSuccess) {
-          free_events.push_back(p.done);
           pending.pop_front();
           continue;
         }
@@ -130,16 +126,13 @@ struct NcclCommunicator::State {
 
   // Orders the communication stream after the compute stream's work so far.
   void after_compute() {
-    cudaEvent_t ready = event();
     check_cuda(cudaEventRecord(ready, compute()), "cudaEventRecord (compute)");
     check_cuda(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent (communication)");
-    std::lock_guard<std::mutex> lock(mu);
-    free_events.push_back(ready);  // reusable once recorded again: stream order keeps the wait correct
   }
 
-  cudaEvent_t issued(const std::string& what) {
-    cudaEvent_t done = event();
-    check_cuda(cudaEventRecord(done, stream), "cudaEventRecord (communication)");
+  Event issued(const std::string& what) {
+    Event done = make_event();
+    check_cuda(cudaEventRecord(done.get(), stream), "cudaEventRecord (communication)");
     std::lock_guard<std::mutex> lock(mu);
     pending.push_back(Pending{done, what, step.load(), std::chrono::steady_clock::now()});
     return done;
@@ -150,16 +143,16 @@ namespace {
 
 class NcclWork : public Work {
  public:
-  explicit NcclWork(cudaEvent_t done) : done_(done) {}
+  explicit NcclWork(NcclCommunicator::State::Event done) : done_(std::move(done)) {}
   // Stream order, not a host wait: kernels queued on the compute stream after this see the collective's result.
   void wait() override {
     if (waited_) return;
     waited_ = true;
-    check_cuda(cudaStreamWaitEvent(compute(), done_, 0), "cudaStreamWaitEvent (compute)");
+    check_cuda(cudaStreamWaitEvent(compute(), done_.get(), 0), "cudaStreamWaitEvent (compute)");
   }
 
  private:
-  cudaEvent_t done_;
+  NcclCommunicator::State::Event done_;
   bool waited_ = false;
 };
 
@@ -178,6 +171,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, double timeout_s)
              "ncclCommInitRank (rank " + std::to_string(host_.rank()) + " of " + std::to_string(host_.world_size()) +
                  ", device " + std::to_string(s.device) + ")");
   check_cuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate (communication)");
+  check_cuda(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming), "cudaEventCreate");
   s.monitor = std::thread([&s] { s.run_monitor(); });
 }
 
@@ -187,8 +181,8 @@ NcclCommunicator::~NcclCommunicator() {
   if (s.monitor.joinable()) s.monitor.join();
   cudaStreamSynchronize(s.stream);
   ncclCommDestroy(s.comm);
-  for (auto& p : s.pending) cudaEventDestroy(p.done);
-  for (auto e : s.free_events) cudaEventDestroy(e);
+  s.pending.clear();
+  cudaEventDestroy(s.ready);
   cudaStreamDestroy(s.stream);
 }
 
