@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The head container's command in docker-compose.yml: start this container's SSH server, wait until every host of
-# AMPDIST_HOSTS accepts SSH, print `ampdist env` over the whole cluster, then train with mpirun across the hosts,
-# AMPDIST_RANKS_PER_NODE ranks on each, into AMPDIST_RUN_DIR with --resume auto (so `up` again continues the run).
+# The head container's command in docker-compose.yml: wait until every host of AMPDIST_HOSTS (the workers) accepts
+# SSH (mpirun starts its daemons there through ssh), print `ampdist env` over them, then train with mpirun across
+# them, AMPDIST_RANKS_PER_NODE ranks on each, AMPDIST_CONFIG with AMPDIST_ARGS, into AMPDIST_RUN_DIR with
+# --resume auto (so `up` again continues the run). The cluster network is each container's eth0.
 set -euo pipefail
-hosts=(${AMPDIST_HOSTS:?AMPDIST_HOSTS unset: the cluster\'s host names, space-separated})
+# shellcheck disable=SC2206  # a space-separated list
+hosts=(${AMPDIST_HOSTS:?AMPDIST_HOSTS unset: the host names of the cluster, space-separated})
 per_node=${AMPDIST_RANKS_PER_NODE:-2}
-/usr/sbin/sshd
 for h in "${hosts[@]}"; do
   for i in $(seq 1 60); do
     ssh -o ConnectTimeout=2 "$h" true 2>/dev/null && break
@@ -15,10 +16,10 @@ for h in "${hosts[@]}"; do
 done
 host_list=$(printf "%s:$per_node," "${hosts[@]}")
 np=$((${#hosts[@]} * per_node))
-# Only the cluster network carries MPI's TCP traffic (Docker's network is eth0 in every container).
+# Only the cluster network carries MPI's and NCCL's traffic.
 mpi=(mpirun --host "${host_list%,}" -np "$np" --map-by "ppr:$per_node:node" --mca btl_tcp_if_include eth0
      --mca oob_tcp_if_include eth0 -x NCCL_SOCKET_IFNAME=eth0)
 "${mpi[@]}" ampdist env
 # shellcheck disable=SC2086  # AMPDIST_ARGS: extra arguments, split on spaces
-exec "${mpi[@]}" ampdist train --config "$AMPDIST_CONFIG" --run-dir "${AMPDIST_RUN_DIR:-/runs/compose}" \
+exec "${mpi[@]}" ampdist train --config "${AMPDIST_CONFIG:?AMPDIST_CONFIG unset: the run config}" --run-dir "${AMPDIST_RUN_DIR:-/runs/compose}" \
   --resume auto ${AMPDIST_ARGS:-}
