@@ -8,7 +8,8 @@
 #     step and exit 0.
 #  3. The job requeued (same job id, SLURM_RESTART_COUNT=1) resumes from that checkpoint (--resume auto) and ends
 #     with the master weights of an uninterrupted mpirun run of the same config, bitwise.
-#  4. Another job id gets a fresh run directory; without a PMIx plugin the script falls back to mpirun.
+#  4. Another job id gets a fresh run directory; without a PMIx plugin the script falls back to mpirun (each rank
+#     bound to its --cpus-per-task cores).
 #  5. The ranks under the stand-in see SLURM's variables, which agree with MPI (the run would stop otherwise).
 # Usage: test_slurm_sbatch.sh AMPDIST_BINARY SOURCE_DIR
 source "$(dirname "$0")/lib.sh" sbatch "$@"
@@ -66,7 +67,7 @@ grep -q "^ampdist.sbatch: job 4242 (restart 1)" "$TMP/j2.txt" && ok "the script 
   not_ok "restart count" "$(grep '^ampdist.sbatch' "$TMP/j2.txt")"
 
 # ---- 4. another job, no PMIx: mpirun fallback ------------------------------------------------------------------
-SLURM_JOB_ID=4243 SRUN_STANDIN_NO_PMIX=1 OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 bash "$SB" \
+SLURM_JOB_ID=4243 SLURM_CPUS_PER_TASK=1 SRUN_STANDIN_NO_PMIX=1 OMPI_MCA_rmaps_base_oversubscribe=1 timeout 300 bash "$SB" \
   --set train.steps=20 --set log.every_steps=10 > "$TMP/j3.txt" 2>&1 || not_ok "job 4243" "exit $?: $(tail -3 "$TMP/j3.txt")"
 grep -q "launcher mpirun, run dir $TMP/runs/ampdist-4243$" "$TMP/j3.txt" &&
   grep -q "^no checkpoint in $TMP/runs/ampdist-4243/checkpoints: starting fresh" "$TMP/j3.txt" &&
