@@ -16,9 +16,11 @@ for h in "${hosts[@]}"; do
 done
 host_list=$(printf "%s:$per_node," "${hosts[@]}")
 np=$((${#hosts[@]} * per_node))
-# Only the cluster network carries MPI's and NCCL's traffic.
+# Only the cluster network carries MPI's and NCCL's traffic; mpirun notices a worker that went away within seconds
+# (TCP keepalive on its control connections; OpenMPI's default waits 300 s + 9 x 20 s).
 mpi=(mpirun --host "${host_list%,}" -np "$np" --map-by "ppr:$per_node:node" --mca btl_tcp_if_include eth0
-     --mca oob_tcp_if_include eth0 -x NCCL_SOCKET_IFNAME=eth0)
+     --mca oob_tcp_if_include eth0 --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2
+     --mca oob_tcp_keepalive_probes 3 -x NCCL_SOCKET_IFNAME=eth0)
 "${mpi[@]}" ampdist env
 # shellcheck disable=SC2086  # AMPDIST_ARGS: extra arguments, split on spaces
 exec "${mpi[@]}" ampdist train --config "${AMPDIST_CONFIG:?AMPDIST_CONFIG unset: the run config}" --run-dir "${AMPDIST_RUN_DIR:-/runs/compose}" \
