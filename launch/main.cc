@@ -8,11 +8,15 @@
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
 #include "launch/ckpt_command.h"
+#include "launch/env_command.h"
+#include "launch/rank_env.h"
 #include "launch/train_command.h"
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
 
 int main(int argc, char** argv) {
+  // The launcher's variables as it set them: MPI_Init may add its own.
+  const ampdist::LauncherEnv launcher = ampdist::read_launcher_env();
   std::unique_ptr<ampdist::MpiRuntime> mpi;
   try {
     mpi = std::make_unique<ampdist::MpiRuntime>(&argc, &argv);
@@ -51,6 +55,10 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--format", ckpt.format, "output format: safetensors (the default and only one)");
   export_cmd->add_option("-o,--output", ckpt.output, "output file (written to FILE.tmp, then renamed)")->required();
 
+  ampdist::EnvArgs env;
+  CLI::App* env_cmd = app.add_subcommand("env", "print ranks, hosts, devices, library versions and network interfaces");
+  env_cmd->add_flag("--json", env.json, "one JSON object instead of the report");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -61,6 +69,20 @@ int main(int argc, char** argv) {
     if (rank == 0) std::fprintf(stderr, "ampdist: error: %s (see ampdist --help)\n", e.what());
     return 2;
   }
+
+  // Every rank checks its launcher's variables against MPI; the lowest disagreeing rank prints one line and every
+  // rank exits with code 2 (a mis-launched job stops before any work, instead of training N copies or hanging).
+  const ampdist::MpiPlacement placement = ampdist::mpi_placement(MPI_COMM_WORLD);
+  if (!ckpt_cmd->parsed()) {
+    const std::string mismatch = ampdist::check_rank_env(launcher, placement);
+    int first_bad = mismatch.empty() ? placement.world_size : placement.rank;
+    MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first_bad < placement.world_size) {
+      if (first_bad == placement.rank) std::fprintf(stderr, "ampdist: error: %s\n", mismatch.c_str());
+      return 2;
+    }
+  }
+  if (env_cmd->parsed()) return ampdist::run_env_command(env, launcher, placement);
 
   if (ckpt_cmd->parsed()) {
     int code = 0;
