@@ -76,6 +76,8 @@ uint64_t le64(const std::string& s, size_t at) {
   return v;
 }
 
+std::string e_bytes_of(const tensorboard::Event& e) { return e.SerializeAsString(); }
+
 // ---- CRC32C and TFRecord framing ---------------------------------------------------------------------------
 
 TEST(Crc32c, KnownVectors) {
@@ -112,7 +114,7 @@ TEST(EventFileWriter, RecordsReadBack) {
   {
     EventFileWriter w(dir.string());
     path = w.path();
-    w.add_scalars(10, {{"train/loss", 2.5}, {"train/loss_scale", 65536.0}});
+    w.add_scalars(10, {{"train/loss", 2.5}, {"train/loss_scale", 65536.0}, {"train/skipped_steps", 0.0}});
     w.add_scalars(20, {{"train/loss", std::numeric_limits<double>::infinity()}});
     w.flush();
   }
@@ -137,7 +139,10 @@ TEST(EventFileWriter, RecordsReadBack) {
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].file_version(), "brain.Event:2");
   EXPECT_EQ(events[1].step(), 10);
-  ASSERT_EQ(events[1].summary().value_size(), 2);
+  ASSERT_EQ(events[1].summary().value_size(), 3);
+  // A zero is still a scalar: TensorBoard tells scalars by the presence of simple_value on the wire.
+  EXPECT_EQ(events[1].summary().value(2).value_case(), tensorboard::Summary::Value::kSimpleValue);
+  EXPECT_NE(e_bytes_of(events[1]).find(std::string("\x15\0\0\0\0", 5)), std::string::npos);
   EXPECT_EQ(events[1].summary().value(0).tag(), "train/loss");
   EXPECT_EQ(events[1].summary().value(0).simple_value(), 2.5f);
   EXPECT_EQ(events[1].summary().value(1).simple_value(), 65536.0f);
