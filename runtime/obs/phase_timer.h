@@ -49,7 +49,8 @@ class PhaseTimer {
   virtual PhaseTimes collect() = 0;
 };
 
-// The CPU implementation: std::chrono::steady_clock read at every boundary (about 20 ns each on Linux's vDSO).
+// The CPU implementation: std::chrono::steady_clock read at every boundary (a vDSO call, no system call; about
+// 0.27 us per read measured on a loaded 2-core machine, so a few microseconds per step of tens of milliseconds).
 class SteadyClockPhaseTimer final : public PhaseTimer {
  public:
   void begin(Phase p) override { start_[static_cast<int>(p)] = std::chrono::steady_clock::now(); }

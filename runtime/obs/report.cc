@@ -65,7 +65,7 @@ struct Series {
 // A line chart on shared axes; log_y plots log2 of y (loss scales are powers of two).
 std::string chart(const std::string& id, const std::string& title, const std::string& ylabel,
                   const std::vector<Series>& series, bool log_y = false) {
-  const double W = 560, H = 300, L = 64, R = 16, T = 28, B = 44;
+  const double W = 560, H = 310, L = 64, R = 16, T = 40, B = 44;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   auto ty = [&](double y) { return log_y ? std::log2(y) : y; };
   for (const Series& s : series)
@@ -76,12 +76,14 @@ std::string chart(const std::string& id, const std::string& title, const std::st
   std::string o = fmt::format("<figure class=\"chart\" id=\"{}\"><svg xmlns=\"http://www.w3.org/2000/svg\" "
                               "width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\">",
                               id, W, H, W, H);
-  o += fmt::format("<text x=\"{}\" y=\"18\" class=\"title\">{}</text>", L, esc(title));
+  o += fmt::format("<text x=\"{}\" y=\"18\" class=\"title\">{}</text>", 8, esc(title));
   if (!std::isfinite(x0)) return o + fmt::format("<text x=\"{}\" y=\"{}\">no data</text></svg></figure>", L, H / 2);
+  x0 = std::min(x0, 0.0);  // every step chart starts at step 0, so charts of one page share their x axis
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y0 -= 0.5, y1 += 0.5;
-  const double pad = 0.05 * (y1 - y0);
-  if (!log_y) y0 -= pad, y1 += pad;
+  // Room above and below, so that a flat curve (a constant loss scale) is not drawn on the frame.
+  const double pad = log_y ? 0.5 : 0.05 * (y1 - y0);
+  y0 -= pad, y1 += pad;
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
   o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" class=\"plot\"/>", L, T, W - L - R, H - T - B);
@@ -105,17 +107,23 @@ std::string chart(const std::string& id, const std::string& title, const std::st
     o += fmt::format("<polyline class=\"curve\" data-run=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" "
                      "points=\"{}\"/>",
                      esc(s.label), s.color, pts);
+    // Sparse series (evaluations) also get a dot per point, so that two points do not read as a measured line.
+    if (s.pts.size() <= 30)
+      for (auto [x, y] : s.pts)
+        if (std::isfinite(y) && !(log_y && y <= 0))
+          o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"{}\"/>", px(x), py(ty(y)), s.color);
     for (const auto& [x, tip] : s.marks)
       o += fmt::format("<path class=\"skip\" data-run=\"{}\" d=\"M{:.1f},{:.1f} l-5,-9 h10 z\" fill=\"{}\"><title>{}"
                        "</title></path>",
                        esc(s.label), px(x), static_cast<double>(T) + 10, s.color, esc(tip));
   }
-  // Legend, top right.
-  for (size_t i = 0; i < series.size(); ++i)
+  // Legend: one row under the title, outside the plot, right-aligned.
+  for (size_t i = 0; i < series.size(); ++i) {
+    const double x = W - R - 70.0 * static_cast<double>(series.size() - i);
     o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{}\"/><text x=\"{}\" y=\"{}\" "
                      "class=\"lg\">{}</text>",
-                     W - R - 150, T + 10 + 16 * i, series[i].color, W - R - 134, T + 15 + 16 * i,
-                     esc(series[i].label));
+                     x, 27, series[i].color, x + 16, 32, esc(series[i].label));
+  }
   return o + "</svg></figure>";
 }
 
