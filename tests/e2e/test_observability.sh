@@ -144,6 +144,9 @@ fi
 "$AMPDIST" report "$TMP/ovf" -o "$TMP/ovf.html" > /dev/null 2>&1 &&
   grep -q 'First non-finite value: layer <b>fc2</b> (forward pass) at step 7' "$TMP/ovf.html" &&
   ok "report names fc2 as the first non-finite layer" || not_ok "report numerics" "no first non-finite line"
+# The one skipped step (7) shows as a marker on the loss-scale chart, at the log step that counted it (10).
+grep -q '<path class="skip" data-run="ovf"[^>]*><title>ovf: 1 skipped step(s) by step 10</title>' "$TMP/ovf.html" &&
+  ok "report marks the skipped step on the loss-scale chart" || not_ok "report skip marker" "none for step 10"
 if AMPDIST_FAULT='inject_nonfinite { step: 2 target: ACTIVATION layer: "fc9" }' \
     run 1 "$TMP/badlayer.txt" "$AMPDIST" train --config "$TMP/syn.pbtxt" --run-dir "$TMP/badlayer"; then
   not_ok "unknown injection layer" "exit 0"
