@@ -7,9 +7,11 @@
 
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
+#include "launch/bench_command.h"
 #include "launch/ckpt_command.h"
 #include "launch/env_command.h"
 #include "launch/rank_env.h"
+#include "launch/report_command.h"
 #include "launch/train_command.h"
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
@@ -58,6 +60,20 @@ int main(int argc, char** argv) {
   ampdist::EnvArgs env;
   CLI::App* env_cmd = app.add_subcommand("env", "print ranks, hosts, devices, library versions and network interfaces");
   env_cmd->add_flag("--json", env.json, "one JSON object instead of the report");
+  // `ampdist report RUN_DIR... -o FILE`: single-process, like ckpt.
+  ampdist::ReportArgs report;
+  CLI::App* report_cmd = app.add_subcommand("report", "lay runs side by side in one self-contained HTML page");
+  report_cmd->add_option("run_dirs", report.run_dirs, "run directories (each with a metrics.jsonl)")->required();
+  report_cmd->add_option("-o,--output", report.output, "the HTML file to write")->required();
+
+  // `ampdist bench --config X`: fixed steps on synthetic data, alone or under mpirun.
+  ampdist::BenchArgs bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "time a config's steps on synthetic data, phase by phase");
+  bench_cmd->add_option("--config", bench.config, "run config, protobuf text format (.pbtxt)")->required();
+  bench_cmd->add_option("--precision", bench.precision, "override precision.dtype: fp32, fp16, bf16 or auto");
+  bench_cmd->add_option("--set", bench.sets, "override one field (repeatable)");
+  bench_cmd->add_option("--steps", bench.steps, "measured optimizer steps (default 200)");
+  bench_cmd->add_option("--warmup", bench.warmup, "unmeasured steps first (default 20)");
 
   try {
     app.parse(argc, argv);
@@ -94,6 +110,11 @@ int main(int argc, char** argv) {
     MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
     return code;
   }
+  if (report_cmd->parsed()) {
+    int code = rank == 0 ? ampdist::run_report_command(report) : 0;
+    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return code;
+  }
 
   // SLURM sends SIGUSR1 (--signal) or SIGTERM before a time limit: every rank saves at the next step boundary.
   std::signal(SIGTERM, [](int) { ampdist::stop_request().store(true); });
@@ -103,6 +124,7 @@ int main(int argc, char** argv) {
   try {
     ampdist::MpiCommunicator comm(MPI_COMM_WORLD);
     if (train_cmd->parsed()) code = ampdist::run_train_command(train, comm);
+    if (bench_cmd->parsed()) code = ampdist::run_bench_command(bench, comm);
   } catch (const ampdist::Error& e) {
     std::fprintf(stderr, "ampdist: error: [rank %d] %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, e.exit_code());

@@ -16,6 +16,7 @@
 #include "runtime/core/device.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/train/config.h"
+#include "runtime/train/lint.h"
 #include "runtime/train/loop.h"
 #include "runtime/train/trainer.h"
 
@@ -46,6 +47,16 @@ int agree_on_failure(Communicator& comm, int code, const std::string& message, b
   const int reporter = world - static_cast<int>(v[1]);
   if (comm.rank() == reporter) print_error(comm.rank(), failed[0] != world, message);
   return static_cast<int>(v[0]);
+}
+
+// The config lint (runtime/train/lint.h) on the model as built: input width and classes from the first and last
+// parameters ([out, in] weights, [out] biases).
+std::vector<std::string> lint_model(Trainer& t) {
+  const std::span<Parameter* const> ps = t.masters().params();
+  if (ps.empty()) return {};
+  const int64_t in = ps.front()->shape.size() == 2 ? ps.front()->shape[1] : 0;
+  const int64_t classes = ps.back()->shape[0];
+  return lint_config(t.config(), t.working_dtype(), in, classes, t.micro_batch_size());
 }
 
 std::string scaler_desc(const LossScaler& s) {
@@ -196,9 +207,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
         trainer->steps_per_epoch(), run_dir);
     const std::string mismatch = launcher_mismatch(comm.world_size());
     if (!mismatch.empty()) std::cout << "warning: " << mismatch << "\n";
-    if (trainer->working_dtype() != DType::kFloat16 && trainer->scaler().mode() != LossScaler::Mode::kNone)
-      std::cout << "warning: " << scaler_desc(trainer->scaler()) << " with " << dtype_name(trainer->working_dtype())
-                << ": loss scaling only changes the numbers here (it exists for fp16's narrow range)\n";
+    for (const std::string& w : lint_model(*trainer)) std::cout << "warning: " << w << "\n";
     if (!resumed_from.empty())
       std::cout << "resumed from " << resumed_from << "\n";
     else if (args.resume == "auto")
@@ -226,6 +235,8 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     std::cout << fmt::format("samples/s: {:.1f} ({} steps in {:.1f} s of training)\n", s.samples_per_s, s.steps,
                              s.train_seconds);
     std::cout << fmt::format("skipped steps: {}\n", s.skipped_steps);
+    if (s.phases.steps > 0) std::cout << "phases (ms/step, rank 0): " << format_phase_ms(s.phases) << "\n";
+    std::cout << fmt::format("peak memory (rank 0 RSS): {:.1f} MiB\n", s.peak_rss_mb);
     std::cout << fmt::format("final loss scale: {:g}\n", s.final_scale);
     std::cout << fmt::format("master weights hash: {}\n", hex16(s.master_hash));
     if (!s.last_checkpoint.empty()) std::cout << "checkpoint: " << s.last_checkpoint << "\n";

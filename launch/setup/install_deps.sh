@@ -18,6 +18,7 @@ packages=(
   python3-numpy python3-venv python3-pip
   dataset-fashion-mnist
   iproute2 docker-compose  # tests: network namespaces (ip netns), validating docker-compose.yml
+  libboost-dev chromium
 )
 
 missing=()
@@ -35,15 +36,16 @@ else
 fi
 
 # Python for tests/e2e/check_safetensors.py: Debian's interpreter (not one earlier on PATH) and numpy, plus
-# safetensors from PyPI in build/pyenv. The checkpoint tests use build/pyenv/bin/python3.
+# safetensors from PyPI in build/pyenv. The checkpoint tests use build/pyenv/bin/python3. tensorboard (PyPI) is
+# there for tests/e2e/check_tfevents.py, which reads ampdist's event files with TensorBoard's own reader.
 pyenv=build/pyenv
-check='import safetensors.numpy, numpy'
+check='import safetensors.numpy, numpy, tensorboard'
 if [ -x "$pyenv/bin/python3" ] && "$pyenv/bin/python3" -c "$check" 2>/dev/null; then
-  echo "install_deps: $pyenv has safetensors and numpy"
+  echo "install_deps: $pyenv has safetensors, numpy and tensorboard"
   exit 0
 fi
 rm -rf "$pyenv"
 /usr/bin/python3 -m venv --system-site-packages "$pyenv"
-"$pyenv/bin/python3" -m pip install -q --disable-pip-version-check 'safetensors>=0.4,<1'
+"$pyenv/bin/python3" -m pip install -q --disable-pip-version-check 'safetensors>=0.4,<1' 'tensorboard>=2.14,<3'
 "$pyenv/bin/python3" -c "$check"
-echo "install_deps: $pyenv has safetensors and numpy"
+echo "install_deps: $pyenv has safetensors, numpy and tensorboard"

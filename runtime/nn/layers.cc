@@ -32,7 +32,11 @@ void Sequential::collect_parameters(std::vector<Parameter*>& out) {
 const Tensor& Sequential::forward(const Tensor& x) {
   if (layers_.empty()) return identity_ = x;
   const Tensor* h = &x;
-  for (auto& l : layers_) h = &l->forward(*h);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    h = &layers_[i]->forward(*h);
+    // A layer's output is its own buffer, returned const only to keep callers from writing it by accident.
+    if (forward_observer) forward_observer(i, *layers_[i], const_cast<Tensor&>(*h));
+  }
   return *h;
 }
 

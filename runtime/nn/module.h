@@ -83,6 +83,11 @@ class Sequential : public Module {
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
 
+  // Called after each layer's forward with (layer index, the layer, its output), for observability: the numerics
+  // report reads the output, a fault drill may write one element of it. Empty (the default) costs one test per
+  // layer.
+  std::function<void(size_t, Module&, Tensor&)> forward_observer;
+
  private:
   std::vector<std::unique_ptr<Module>> layers_;
   Tensor identity_;

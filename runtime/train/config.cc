@@ -300,6 +300,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   if (p.on_nonfinite() == NONFINITE_POLICY_UNSPECIFIED)
     fail("precision.on_nonfinite", "must be SKIP or DROP_RANK", "UNSPECIFIED");
   non_negative("precision.max_consecutive_skips", static_cast<double>(p.max_consecutive_skips()));
+  non_negative("precision.numerics_report_every", static_cast<double>(p.numerics_report_every()));
   if (cfg.checkpoint().on_save_error() == SAVE_ERROR_POLICY_UNSPECIFIED)
     fail("checkpoint.on_save_error", "must be CONTINUE or STOP", "UNSPECIFIED");
   non_negative("checkpoint.every_steps", static_cast<double>(cfg.checkpoint().every_steps()));
@@ -312,7 +313,10 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
     const std::string field = "fault.inject_nonfinite[" + std::to_string(i) + "]";
     if (f.step() < 1) fail(field + ".step", "must be >= 1", str(f.step()));
     if (f.value() == NONFINITE_UNSPECIFIED) fail(field + ".value", "must be POS_INF, NEG_INF or QNAN", "UNSPECIFIED");
-    if (f.target() == INJECT_TARGET_UNSPECIFIED) fail(field + ".target", "must be GRADIENT or INPUT", "UNSPECIFIED");
+    if (f.target() == INJECT_TARGET_UNSPECIFIED)
+      fail(field + ".target", "must be GRADIENT, INPUT or ACTIVATION", "UNSPECIFIED");
+    if (f.target() == ACTIVATION && f.layer().empty())
+      fail(field + ".layer", "must name a layer (e.g. \"fc2\") for target ACTIVATION", "\"\"");
     non_negative(field + ".element", static_cast<double>(f.element()));
   }
 }

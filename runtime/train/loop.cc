@@ -9,7 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include <sys/resource.h>
+
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/obs/event_writer.h"
 
 namespace ampdist {
 namespace {
@@ -24,6 +27,53 @@ nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlo
 }  // namespace
 
 std::string hex16(uint64_t v) { return fmt::format("{:016x}", v); }
+
+std::string format_phase_ms(const PhaseTimes& t) {
+  std::string out;
+  const double steps = static_cast<double>(std::max<int64_t>(t.steps, 1));
+  for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) {
+    const Phase p = static_cast<Phase>(i);
+    if (p == Phase::kCheckpoint && t[p] == 0.0) continue;
+    out += fmt::format("{}{} {:.3f}", out.empty() ? "" : "  ", phase_name(p), 1e3 * t[p] / steps);
+  }
+  return out;
+}
+
+double peak_rss_mb() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;
+}
+
+namespace {
+
+nlohmann::json phase_json(const PhaseTimes& t) {
+  nlohmann::json j = nlohmann::json::object();
+  const double steps = static_cast<double>(std::max<int64_t>(t.steps, 1));
+  for (int i = 0; i < static_cast<int>(Phase::kCount); ++i)
+    j[std::string(phase_name(static_cast<Phase>(i)))] = 1e3 * t.seconds[i] / steps;
+  return j;
+}
+
+nlohmann::json numerics_json(const NumericsReport& n) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerNumerics& l : n.layers) {
+    layers.push_back({{"name", l.name},
+                      {"act_max", num(l.act_max)},
+                      {"act_nonfinite", std::isinf(l.act_max)},
+                      {"grad_max", l.grad_max < 0 ? nlohmann::json(nullptr) : num(l.grad_max)},
+                      {"grad_nonfinite", std::isinf(l.grad_max)},
+                      {"grad_underflow_fraction", l.underflow_fraction()},
+                      {"headroom_bits", num(n.headroom_bits(l))}});
+  }
+  nlohmann::json j = {{"type", "numerics"}, {"step", n.step}, {"dtype", n.dtype}, {"dtype_max", n.dtype_max},
+                      {"layers", layers}};
+  if (!n.first_nonfinite_layer.empty())
+    j["first_nonfinite"] = {{"layer", n.first_nonfinite_layer}, {"pass", n.first_nonfinite_pass}};
+  return j;
+}
+
+}  // namespace
 
 RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   Communicator& comm = trainer.comm();
@@ -44,6 +94,9 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                             {"parameters", trainer.masters().numel()}};
     metrics << start.dump() << "\n" << std::flush;
   }
+  std::unique_ptr<EventFileWriter> events;
+  if (rank0 && cfg.log().tensorboard() && !opt.run_dir.empty()) events = std::make_unique<EventFileWriter>(opt.run_dir);
+  PhaseTimer* timer = trainer.phase_timer();
   auto print = [&](const std::string& line, bool transient) {
     if (!opt.out) return;
     if (opt.tty)
@@ -59,6 +112,7 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   auto save = [&](int64_t step) {
     if (opt.checkpoint_dir.empty()) return;
     const Clock::time_point t0 = Clock::now();
+    PhaseScope timed(timer, Phase::kCheckpoint);
     try {
       s.last_checkpoint =
           save_checkpoint(comm, trainer.checkpoint_state(), opt.checkpoint_dir, ck.keep_last(), &cfg.fault());
@@ -105,6 +159,10 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                           {"test_correct", e.correct},  {"test_samples", e.samples}};
       metrics << j.dump() << "\n" << std::flush;
     }
+    if (events) {
+      events->add_scalars(step, {{"eval/test_accuracy", e.accuracy()}, {"eval/test_loss", e.loss}});
+      events->flush();
+    }
     print(fmt::format("eval  step {:>6}  test_accuracy {:.4f} ({}/{})  test_loss {:.4f}", step, e.accuracy(), e.correct,
                       e.samples, e.loss),
           false);
@@ -123,6 +181,25 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
     samples += r.global_samples;
     s.dropped_contributions += r.dropped_ranks;
     s.steps = step;
+    if (r.numerics) {
+      if (metrics.is_open()) metrics << numerics_json(*r.numerics).dump() << "\n" << std::flush;
+      if (events) {
+        std::vector<std::pair<std::string, double>> v;
+        for (const LayerNumerics& l : r.numerics->layers) {
+          v.emplace_back("numerics/" + l.name + "/act_max", l.act_max);
+          if (l.grad_max >= 0) {
+            v.emplace_back("numerics/" + l.name + "/grad_max", l.grad_max);
+            v.emplace_back("numerics/" + l.name + "/grad_underflow_fraction", l.underflow_fraction());
+          }
+          v.emplace_back("numerics/" + l.name + "/headroom_bits", r.numerics->headroom_bits(l));
+        }
+        events->add_scalars(step, v);
+      }
+      if (!r.numerics->first_nonfinite_layer.empty())
+        print(fmt::format("numerics: step {} first non-finite value in {} ({})", step,
+                          r.numerics->first_nonfinite_layer, r.numerics->first_nonfinite_pass),
+              false);
+    }
 
     bool save_due = ck.every_steps() > 0 && step % ck.every_steps() == 0;
     if (step % every == 0 || step == total) {
@@ -137,6 +214,25 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
       s.final_loss = mean_loss;
       const double sps = window_samples / std::max(window_train_s, 1e-9);
       const LossScalerState& st = trainer.scaler().state();
+      PhaseTimes pt;
+      if (timer) {
+        pt = timer->collect();
+        for (size_t i = 0; i < pt.seconds.size(); ++i) s.phases.seconds[i] += pt.seconds[i];
+        s.phases.steps += pt.steps;
+      }
+      const double rss = peak_rss_mb();
+      if (events) {
+        std::vector<std::pair<std::string, double>> v = {
+            {"train/loss", mean_loss}, {"train/lr", r.lr}, {"train/loss_scale", trainer.scaler().scale()},
+            {"train/skipped_steps", static_cast<double>(st.skipped_steps)}, {"train/grad_norm", r.grad_norm},
+            {"train/samples_per_s", sps}, {"memory/peak_rss_mb", rss}};
+        if (timer)
+          for (int i = 0; i < static_cast<int>(Phase::kCount); ++i)
+            v.emplace_back("phase/" + std::string(phase_name(static_cast<Phase>(i))) + "_ms",
+                           1e3 * pt.seconds[i] / static_cast<double>(std::max<int64_t>(pt.steps, 1)));
+        events->add_scalars(step, v);
+        events->flush();
+      }
       if (metrics.is_open()) {
         nlohmann::json j = {{"type", "train"},
                             {"step", step},
@@ -148,13 +244,16 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                             {"dropped_rank_steps", s.dropped_contributions},
                             {"grad_norm", num(r.grad_norm)},
                             {"samples_per_s", sps},
-                            {"time_s", s.train_seconds}};
+                            {"time_s", s.train_seconds},
+                            {"peak_rss_mb", rss}};
+        if (timer) j["phase_ms"] = phase_json(pt);
         metrics << j.dump() << "\n" << std::flush;
       }
       print(fmt::format("step {:>6}/{}  epoch {:>3}  loss {:.4f}  scale {:g}  skipped {}  lr {:.3g}  {:.0f} samples/s",
                         step, total, trainer.epoch_of(step) + 1, mean_loss, trainer.scaler().scale(),
                         st.skipped_steps, r.lr, sps),
             true);
+      if (timer && !opt.tty) print("phases (ms/step): " + format_phase_ms(pt), false);
       window_loss = 0.0;
       window_steps = window_samples = 0;
       window_train_s = 0.0;
@@ -186,6 +285,11 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   s.final_scale = trainer.scaler().scale();
   s.samples_per_s = s.train_seconds > 0 ? static_cast<double>(samples) / s.train_seconds : 0.0;
   s.master_hash = trainer.masters().hash();
+  s.peak_rss_mb = peak_rss_mb();
+  if (timer) {  // checkpoint saves after the last log step
+    const PhaseTimes pt = timer->collect();
+    for (size_t i = 0; i < pt.seconds.size(); ++i) s.phases.seconds[i] += pt.seconds[i];
+  }
   const std::vector<uint64_t> hashes = comm.allgather_u64(s.master_hash, "master weights hash gather");
   for (size_t r = 0; r < hashes.size(); ++r) {
     if (hashes[r] != hashes[0])
@@ -201,7 +305,11 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                         {"test_accuracy", s.test_accuracy},
                         {"samples_per_s", s.samples_per_s},
                         {"final_scale", s.final_scale},
-                        {"master_weights_hash", hex16(s.master_hash)}};
+                        {"master_weights_hash", hex16(s.master_hash)},
+                        {"test_loss", num(s.test_loss)},
+                        {"train_seconds", s.train_seconds},
+                        {"peak_rss_mb", s.peak_rss_mb}};
+    if (timer) j["phase_ms"] = phase_json(s.phases);
     metrics << j.dump() << "\n" << std::flush;
   }
   return s;

@@ -1,5 +1,6 @@
 #include "runtime/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -119,6 +120,8 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
     dstate_ = static_cast<DeviceTrainState*>(device_state_.data());
     push_device_state();
   }
+
+  setup_observers();
 }
 
 Trainer::~Trainer() = default;
@@ -132,7 +135,9 @@ int64_t Trainer::epoch_of(int64_t iteration) const {
 
 StepResult Trainer::step() {
   if (!loader_) throw Error("Trainer::step(): no training dataset; use step(micro_batches, global_samples)");
+  phase_begin(Phase::kDataWait);
   const StepBatch& batch = loader_->next();
+  phase_end(Phase::kDataWait);
   return step(batch.micro, batch.global_samples);
 }
 
@@ -147,7 +152,9 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
 
   apply_faults();
   const bool drop_mode = cfg_.precision().on_nonfinite() == DROP_RANK;
+  if (numerics_) numerics_->begin_step();
 
+  phase_begin(Phase::kForward);
   masters_->cast_to_working();
   // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
   // neither accumulation nor world size changes the gradient; the scale multiplies it once.
@@ -158,21 +165,31 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
     final_micro_ = k + 1 == micro.size();
     local_samples += micro[k].size();
     reducer_->begin_backward(final_micro_ && !drop_mode);  // DROP_RANK reduces only after the local check
+    if (k > 0) phase_begin(Phase::kForward);
     const Tensor& x = k == 0 ? maybe_inject_input(micro[k].x) : micro[k].x;
+    observing_ = true;
+    first_micro_ = k == 0;
     const Tensor& logits = model_->forward(x);
+    observing_ = false;
     loss_sum += criterion_->forward(logits, micro[k].y);
+    phase_end(Phase::kForward);
+    phase_begin(Phase::kBackward);
     grad_ctx_.accumulate = k > 0;
     grad_ctx_.need_input_grad = false;
     model_->backward(criterion_->backward(grad_scale), grad_ctx_);
+    phase_end(Phase::kBackward);
   }
   double mean_correction = 1.0;
   if (drop_mode) {
     mean_correction = drop_nonfinite_ranks(local_samples, global_samples, r);
     reducer_->begin_backward(true);  // wait() launches every bucket
   }
+  phase_begin(Phase::kCommWait);
   reducer_->wait();
+  phase_end(Phase::kCommWait);
 
   // One fused pass over the reduced gradient this rank holds: unscale, find non-finite values, sum squares.
+  phase_begin(Phase::kUnscaleConsensus);
   bool found_inf = mean_correction == 0.0;
   double sum_sq = 0.0;
   const float inv_scale = static_cast<float>(scaler_.inv_scale() * mean_correction);
@@ -185,10 +202,12 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   const Agreement agreed = consensus_.agree(found_inf, scaler_, stop_request().load());
   found_inf = agreed.found_inf;
   r.stop = agreed.stop;
+  phase_end(Phase::kUnscaleConsensus);
 
   r.loss = loss_sum / static_cast<double>(global_samples);
   r.skipped = found_inf;
   r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  phase_begin(Phase::kOptimizer);
   if (!found_inf) {
     reducer_->gather();
     // Reduce-scatter mode summed squares over this rank's shards only; the norm needs the whole gradient.
@@ -199,6 +218,18 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
     optimizer_->step(masters_->master(), masters_->grads(), r.lr);
   }
   scaler_.update(found_inf);
+  phase_end(Phase::kOptimizer);
+  if (timer_) timer_->end_step();
+
+  // ---- numerics report (observability): found_inf and the iteration are agreed, so every rank reduces alike ----
+  if (numerics_) {
+    const int64_t every = cfg_.precision().numerics_report_every();
+    const bool first_bad = found_inf && !reported_first_nonfinite_;
+    if (first_bad || iteration_ % every == 0) {
+      r.numerics = std::make_shared<const NumericsReport>(numerics_->reduce(comm_, iteration_));
+      reported_first_nonfinite_ |= found_inf;
+    }
+  }
   return r;
 }
 
@@ -334,6 +365,7 @@ void Trainer::on_grad_ready(Parameter& p) {
         else *dst = v;
       }
     }
+    if (numerics_) numerics_->on_gradient(p.name, p.grad);
   }
   reducer_->mark_ready(p);
 }
@@ -347,6 +379,60 @@ const Tensor& Trainer::maybe_inject_input(const Tensor& x) {
     return injected_x_;
   }
   return x;
+}
+
+// ---- observability (runtime/obs) ----------------------------------------------------------------------------
+
+void Trainer::setup_observers() {
+  bool inject_activation = false;
+  for (const NonFiniteInjection& f : cfg_.fault().inject_nonfinite()) inject_activation |= f.target() == ACTIVATION;
+  if (device_ == Device::kCUDA) {
+    // These observers read activations and gradients on the host; on the GPU, host clocks would time kernel
+    // launches, not kernels. Neither has a device implementation yet.
+    if (cfg_.precision().numerics_report_every() > 0)
+      throw BadInput("precision.numerics_report_every", "not supported on the CUDA backend yet (0 = off)");
+    if (inject_activation)
+      throw BadInput("fault.inject_nonfinite.target", "ACTIVATION is not supported on the CUDA backend yet");
+    return;
+  }
+  if (cfg_.log().phase_timing()) timer_ = std::make_unique<SteadyClockPhaseTimer>();
+  if (cfg_.precision().numerics_report_every() <= 0 && !inject_activation) return;
+  auto* seq = dynamic_cast<Sequential*>(model_.get());
+  std::vector<std::string> names;
+  if (seq)
+    for (size_t i = 0; i < seq->size(); ++i) names.push_back(seq->at(i).name());
+  else
+    names.push_back(model_->name());  // one opaque layer: only its parameters' gradients are observed
+  for (int i = 0; i < cfg_.fault().inject_nonfinite_size(); ++i) {
+    const NonFiniteInjection& f = cfg_.fault().inject_nonfinite(i);
+    if (f.target() != ACTIVATION) continue;
+    if (!seq || std::find(names.begin(), names.end(), f.layer()) == names.end()) {
+      std::string all;
+      for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+      throw BadInput("fault.inject_nonfinite[" + std::to_string(i) + "].layer",
+                     "no layer named \"" + f.layer() + "\" in the model (layers: " + all + ")");
+    }
+  }
+  if (cfg_.precision().numerics_report_every() > 0)
+    numerics_ = std::make_unique<NumericsMonitor>(names, masters_->working_dtype());
+  if (seq) seq->forward_observer = [this](size_t i, Module& m, Tensor& y) { on_layer_output(i, m, y); };
+}
+
+void Trainer::on_layer_output(size_t index, Module& layer, Tensor& y) {
+  if (!observing_) return;
+  if (first_micro_) {
+    for (const NonFiniteInjection& f : cfg_.fault().inject_nonfinite()) {
+      if (!injection_applies(f, iteration_, comm_.rank(), ACTIVATION) || f.layer() != layer.name() ||
+          f.element() >= y.numel())
+        continue;
+      const float v = nonfinite_value(f.value());
+      dispatch_dtype(y.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        y.data_as<T>()[f.element()] = static_cast<T>(v);
+      });
+    }
+  }
+  if (numerics_) numerics_->on_activation(index, y);
 }
 
 std::atomic<bool>& stop_request() {

@@ -25,6 +25,8 @@
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
 #include "runtime/nn/module.h"
+#include "runtime/obs/numerics.h"
+#include "runtime/obs/phase_timer.h"
 #include "runtime/optim/optimizer.h"
 
 namespace ampdist {
@@ -40,6 +42,8 @@ struct StepResult {
   bool stop = false;           // some rank was asked to stop (SIGTERM/SIGUSR1): save and stop after this step
   int dropped_ranks = 0;       // on_nonfinite DROP_RANK: ranks whose non-finite gradient was left out
   int64_t dropped_samples = 0; // and their samples
+  // precision.numerics_report_every: the per-layer report of this step, on every rank (null when not due).
+  std::shared_ptr<const NumericsReport> numerics;
 };
 
 // Set from a signal handler (SIGTERM, SIGUSR1) or a test; read by every step and agreed on by the consensus.
@@ -104,6 +108,11 @@ class Trainer {
   Communicator& comm() { return comm_; }
   const RunConfig& config() const { return cfg_; }
 
+  // ---- observability (runtime/obs) ----
+  // The step's phase timer (log.phase_timing; null when off). The training loop collects it at log steps and
+  // times checkpoint saves with it.
+  PhaseTimer* phase_timer() { return timer_.get(); }
+
  private:
   void on_grad_ready(Parameter& p);
   void apply_faults();
@@ -145,6 +154,17 @@ class Trainer {
   Tensor host_master_;                  // host copies for checkpoints of GPU runs
   std::vector<Tensor> host_optim_;
   double host_loss_since_read_ = 0.0;   // losses of criteria without a device path, since the last read
+
+  // ---- observability (runtime/obs) ----
+  void phase_begin(Phase p) { if (timer_) timer_->begin(p); }
+  void phase_end(Phase p) { if (timer_) timer_->end(p); }
+  void setup_observers();
+  void on_layer_output(size_t index, Module& layer, Tensor& y);
+  std::unique_ptr<PhaseTimer> timer_;
+  std::unique_ptr<NumericsMonitor> numerics_;
+  bool observing_ = false;            // inside a training step's forward (evaluation is not observed)
+  bool first_micro_ = false;
+  bool reported_first_nonfinite_ = false;
 };
 
 // The trainer of a config: its datasets (data {...}), its model (model {...}) with softmax cross-entropy.

@@ -1,0 +1,132 @@
+#include "launch/bench_command.h"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "runtime/obs/phase_timer.h"
+#include "runtime/train/config.h"
+#include "runtime/train/loop.h"
+#include "runtime/train/trainer.h"
+
+namespace ampdist {
+namespace {
+
+std::string upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The bench's config: the user's, with the dataset replaced by synthetic data of the same feature width and
+// classes (read from the configured dataset), sized for warm-up + measured steps, and nothing written to disk.
+RunConfig bench_config(const BenchArgs& args, int64_t& features, int32_t& classes) {
+  RunConfig cfg = parse_config_file(args.config);
+  if (!args.precision.empty()) {
+    const std::string p = upper(args.precision);
+    if (p != "FP32" && p != "FP16" && p != "BF16" && p != "AUTO")
+      throw BadInput("--precision", "expected fp32, fp16, bf16 or auto, got '" + args.precision + "'");
+    apply_override(cfg, "precision.dtype=" + p);
+  }
+  for (const std::string& s : args.sets) apply_override(cfg, s);
+  if (args.steps < 1) throw BadInput("--steps", "must be >= 1, got " + std::to_string(args.steps));
+  if (args.warmup < 0) throw BadInput("--warmup", "must be >= 0, got " + std::to_string(args.warmup));
+  validate_config(cfg, args.config);
+  if (cfg.data().has_synthetic()) {
+    features = cfg.data().synthetic().features();
+    classes = cfg.data().synthetic().classes();
+  } else {
+    const DatasetPair real = load_datasets(cfg.data(), cfg.train().seed());
+    features = real.train->feature_dim();
+    classes = real.train->classes();
+  }
+  SyntheticDatasetConfig* syn = cfg.mutable_data()->mutable_synthetic();
+  syn->set_features(features);
+  syn->set_classes(classes);
+  syn->set_train_samples(cfg.data().global_batch_size() * (args.steps + args.warmup));
+  syn->set_test_samples(std::max<int64_t>(cfg.data().eval_batch_size(), 1));
+  cfg.mutable_train()->set_steps(args.steps + args.warmup);
+  cfg.mutable_log()->set_phase_timing(true);
+  cfg.mutable_log()->set_tensorboard(false);
+  cfg.mutable_precision()->set_numerics_report_every(0);
+  cfg.clear_fault();
+  cfg.mutable_checkpoint()->set_every_steps(0);
+  return cfg;
+}
+
+}  // namespace
+
+int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
+  RunConfig cfg;
+  int64_t features = 0;
+  int32_t classes = 0;
+  std::unique_ptr<Trainer> trainer;
+  int code = 0;
+  std::string message;
+  try {
+    cfg = bench_config(args, features, classes);
+    comm.set_timeout(cfg.comm().timeout_s());
+    trainer = make_trainer(cfg, comm);
+  } catch (const Error& e) {
+    code = e.exit_code();
+    message = e.what();
+  }
+  // Set-up is local to each rank; agree before the first collective so that no rank waits on one that failed.
+  int64_t v[1] = {code};
+  comm.allreduce_i64(v, ReduceOp::kMax, "bench set-up status all-reduce");
+  if (v[0] != 0) {
+    if (comm.rank() == 0) std::fprintf(stderr, "ampdist: error: %s\n", message.empty() ? "set-up failed on another rank" : message.c_str());
+    return static_cast<int>(v[0]);
+  }
+
+  for (int64_t i = 0; i < args.warmup; ++i) trainer->step();
+  PhaseTimer* timer = trainer->phase_timer();
+  timer->collect();  // warm-up times are dropped
+  double sync[1] = {0.0};
+  comm.allreduce_f64(sync, ReduceOp::kSum, "bench start barrier");
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t samples = 0, skipped = 0;
+  for (int64_t i = 0; i < args.steps; ++i) {
+    const StepResult r = trainer->step();
+    samples += r.global_samples;
+    skipped += r.skipped ? 1 : 0;
+  }
+  comm.allreduce_f64(sync, ReduceOp::kSum, "bench end barrier");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const PhaseTimes pt = timer->collect();
+
+  if (comm.rank() == 0) {
+    // Model FLOPs per sample: 2 per weight in forward, 4 in backward (dx and dW), as in Kaplan et al. 2020's
+    // 6N per token; biases and element-wise ops are left out.
+    int64_t weights = 0;
+    for (const Parameter* p : trainer->masters().params())
+      if (p->shape.size() == 2) weights += p->numel();
+    const double flops_per_sample = 6.0 * static_cast<double>(weights);
+    const double sps = static_cast<double>(samples) / seconds;
+    std::cout << fmt::format("ampdist bench: {} | {} | world size {} | synthetic data, {} features, {} classes | "
+                             "{} warm-up + {} measured steps of {} samples\n",
+                             cfg.name(), dtype_name(trainer->working_dtype()), comm.world_size(), features, classes,
+                             args.warmup, args.steps, cfg.data().global_batch_size());
+    std::cout << fmt::format("samples/s: {:.1f} ({} samples in {:.3f} s; {} skipped steps)\n", sps, samples, seconds,
+                             skipped);
+    std::cout << fmt::format("{:<20}{:>12}{:>9}\n", "phase (rank 0)", "ms/step", "share");
+    const double per = 1e3 / static_cast<double>(std::max<int64_t>(pt.steps, 1));
+    const double step_ms = 1e3 * seconds / static_cast<double>(args.steps);
+    for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) {
+      const Phase p = static_cast<Phase>(i);
+      if (p == Phase::kCheckpoint) continue;  // the bench saves nothing
+      std::cout << fmt::format("{:<20}{:>12.3f}{:>8.1f}%\n", phase_name(p), per * pt[p], 100.0 * per * pt[p] / step_ms);
+    }
+    const double other = step_ms - per * pt.total();
+    std::cout << fmt::format("{:<20}{:>12.3f}{:>8.1f}%\n", "other (untimed)", other, 100.0 * other / step_ms);
+    std::cout << fmt::format("{:<20}{:>12.3f}{:>8.1f}%\n", "step (wall)", step_ms, 100.0);
+    std::cout << fmt::format("model FLOPs: {:.3g} per sample (6 x {} weights); achieved {:.2f} GFLOP/s\n",
+                             flops_per_sample, weights, flops_per_sample * sps / 1e9);
+    std::cout << "model FLOP utilisation: n/a (CPU backend: no device peak to compare with)\n" << std::flush;
+  }
+  return 0;
+}
+
+}  // namespace ampdist
