@@ -17,6 +17,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-numpy python3-venv python3-pip
   dataset-fashion-mnist
+  python3-torch  # bench/torch_mlp.py, the PyTorch reference of bench/run_all.sh
 )
 
 missing=()
