@@ -91,6 +91,19 @@ void BM_UnscaleAndCheck(benchmark::State& state) {
 }
 BENCHMARK(BM_UnscaleAndCheck)->Arg(1 << 16)->Arg(1 << 24);
 
+void BM_SgdNesterov(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Tensor p = filled({n}, DType::kFloat32, 0.1f), g = filled({n}, DType::kFloat32, 0.01f);
+  Tensor buf = Tensor::zeros({n}, DType::kFloat32);
+  bool first = true;
+  for (auto _ : state) {
+    ampdist::kernels::sgd_step(p, g, buf, {0.01f, 0.9f, 0.0f, 1e-4f, true, first});
+    first = false;
+  }
+  state.SetBytesProcessed(state.iterations() * n * 4 * 5);  // read p, g, buf; write p, buf
+}
+BENCHMARK(BM_SgdNesterov)->Arg(1 << 16)->Arg(1 << 24);
+
 void BM_AdamW(benchmark::State& state) {
   const int64_t n = state.range(0);
   Tensor p = filled({n}, DType::kFloat32, 0.1f), g = filled({n}, DType::kFloat32, 0.01f);

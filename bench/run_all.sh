@@ -69,10 +69,10 @@ if [[ $QUICK == 1 ]]; then
   PRECS=(fp32 bf16); BIG_PRECS=(fp16); WAITS=(default)
 else
   TRAIN=(--warmup 20 --steps 60 --repeat 5 --mp-iters 20 --sgemm-n 1024)
-  TORCH=(--warmup 20 --steps 60 --repeat 5)
+  TORCH=(--warmup 20 --steps 40 --repeat 5)
   TORCH_BF16=(--warmup 5 --steps 20 --repeat 3)  # PyTorch bf16 is slow on CPUs without native bf16
   BIG=(--warmup 2 --steps 3 --repeat 3 --mp-iters 7 --sgemm-n 1024)
-  ALLREDUCE=(--min-bytes 1024 --max-bytes $((256 << 20)) --target-bytes 1e9 --min-iters 5 --max-iters 40)
+  ALLREDUCE=(--min-bytes 1024 --max-bytes $((256 << 20)) --target-bytes 6e8 --min-iters 5 --max-iters 40)
   KERNELS=(--benchmark_min_time=0.2)
   PRECS=(fp32 fp16 bf16); BIG_PRECS=(fp16 bf16); WAITS=(default passive)
 fi
