@@ -18,7 +18,8 @@ packages=(
   python3-numpy python3-venv python3-pip
   dataset-fashion-mnist
   iproute2 docker-compose  # tests: network namespaces (ip netns), validating docker-compose.yml
-  libboost-dev chromium
+  libboost-dev chromium  # the CRC-32C of TensorBoard event files (Boost.CRC); the report's screenshot test
+  python3-torch  # bench/torch_mlp.py, the PyTorch reference of bench/run_all.sh
 )
 
 missing=()

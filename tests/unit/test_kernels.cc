@@ -496,6 +496,43 @@ TEST(UnscaleAndCheck, NonFiniteAnywhereIsFound) {
   EXPECT_THROW(kernels::unscale_and_check(h16, 1.0f), Error);  // gradients are FP32
 }
 
+// A buffer long enough for the vector path (blocks of 16) and with a tail: every element multiplied once, and the
+// sum of squares exactly the documented order (lane i % 16 in double, lanes added pairwise), on every build.
+TEST(UnscaleAndCheck, LongBufferUsesSixteenLanesInAFixedOrder) {
+  const int64_t n = 16 * 62 + 9;
+  std::vector<float> g0(n);
+  for (int64_t i = 0; i < n; ++i) g0[i] = std::ldexp(static_cast<float>((i * 37) % 101) - 50.0f, -(i % 23)) * 1.1f;
+  auto lanes = [&](const std::vector<float>& v, float inv, int64_t skip) {
+    double acc[16] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const float u = v[i] * inv;
+      if (i != skip) acc[i % 16] += static_cast<double>(u) * u;
+    }
+    for (int step = 1; step < 16; step *= 2)
+      for (int l = 0; l + step < 16; l += 2 * step) acc[l] += acc[l + step];
+    return acc[0];
+  };
+  Tensor g = make({n}, DType::kFloat32, g0);
+  const auto r = kernels::unscale_and_check(g, 0.3f);
+  EXPECT_FALSE(r.found_inf);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(fbits(g.item(i)), fbits(g0[i] * 0.3f)) << i;
+  EXPECT_EQ(r.sum_sq, lanes(g0, 0.3f, -1));
+  // Against the plain serial sum: n additions of positive terms in double, relative error below n * 2^-53 ~ 1e-13.
+  double serial = 0.0;
+  for (int64_t i = 0; i < n; ++i) serial += static_cast<double>(g0[i] * 0.3f) * (g0[i] * 0.3f);
+  EXPECT_NEAR(r.sum_sq, serial, 1e-13 * serial);
+
+  // One inf inside a vector block and one NaN in the tail: found, and left out of the sum.
+  for (int64_t pos : {int64_t{17}, n - 2}) {
+    std::vector<float> v = g0;
+    v[pos] = pos == 17 ? kInf : kNaN;
+    Tensor h = make({n}, DType::kFloat32, v);
+    const auto rh = kernels::unscale_and_check(h, 0.3f);
+    EXPECT_TRUE(rh.found_inf) << pos;
+    EXPECT_EQ(rh.sum_sq, lanes(v, 0.3f, pos)) << pos;
+  }
+}
+
 TEST(Kernels, ScaleInplace) {
   Tensor g = make({3}, DType::kFloat32, {3, 4, -1});
   kernels::scale_inplace(g, 0.5f);

@@ -1,5 +1,8 @@
 // CPU backend of kernels.h: OpenBLAS for GEMMs, plain loops over kernels/math.h for everything element-wise.
 #include <cblas.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -248,17 +251,52 @@ int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets) {
 UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
   require_cpu("unscale_and_check", grads);
   float* g = grads.data_as<float>();
-  UnscaleResult r;
-  bool bad = false;
-  double sum_sq = 0.0;
-  for (int64_t i = 0, n = grads.numel(); i < n; ++i) {
-    float v = math::unscale(g[i], inv_scale);
-    g[i] = v;
-    bool finite = math::is_finite(v);
-    bad |= !finite;
-    sum_sq += finite ? static_cast<double>(v) * v : 0.0;
+  const int64_t n = grads.numel();
+  // Sixteen independent partial sums (lane = index % 16), added in a fixed order at the end. One serial chain of
+  // double additions holds the pass to one element per add latency (about 4 cycles), several times below memory
+  // bandwidth, and strict FP semantics (no -ffast-math) forbid the compiler from splitting it. The AVX path and the
+  // portable loop use the same lanes, the same operations (multiply, then add: no FMA) and the same final order,
+  // so the sum is bitwise the same on every build, run and rank.
+  constexpr int kLanes = 16;
+  alignas(32) double acc[kLanes] = {};
+  int bad = 0;
+  int64_t i = 0;
+#if defined(__AVX__)
+  {
+    const __m256 vinv = _mm256_set1_ps(inv_scale), zero = _mm256_setzero_ps();
+    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    __m256 badv = zero;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(g + i + 8 * h), vinv);
+        _mm256_storeu_ps(g + i + 8 * h, v);
+        const __m256 d = _mm256_sub_ps(v, v);  // math::is_finite: v - v is 0 for finite v, NaN for inf and NaN
+        const __m256 finite = _mm256_cmp_ps(d, zero, _CMP_EQ_OQ);
+        badv = _mm256_or_ps(badv, _mm256_cmp_ps(d, zero, _CMP_NEQ_UQ));
+        const __m256 vf = _mm256_and_ps(v, finite);  // non-finite elements add 0
+        const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(vf));
+        const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(vf, 1));
+        a[2 * h] = _mm256_add_pd(a[2 * h], _mm256_mul_pd(lo, lo));
+        a[2 * h + 1] = _mm256_add_pd(a[2 * h + 1], _mm256_mul_pd(hi, hi));
+      }
+    }
+    for (int k = 0; k < 4; ++k) _mm256_store_pd(acc + 4 * k, a[k]);
+    bad = _mm256_movemask_ps(badv) != 0;
   }
-  r.found_inf = bad;
+#endif
+  for (; i < n; ++i) {
+    const float v = math::unscale(g[i], inv_scale);
+    g[i] = v;
+    const bool finite = math::is_finite(v);
+    bad |= !finite;
+    acc[i % kLanes] += finite ? static_cast<double>(v) * v : 0.0;
+  }
+  double sum_sq = 0.0;
+  for (int step = 1; step < kLanes; step *= 2)  // pairwise: (0+1), (2+3), ..., then ((0+1)+(2+3)), ...
+    for (int l = 0; l + step < kLanes; l += 2 * step) acc[l] += acc[l + step];
+  sum_sq = acc[0];
+  UnscaleResult r;
+  r.found_inf = bad != 0;
   r.sum_sq = sum_sq;
   return r;
 }
@@ -291,8 +329,29 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
   }
   require_numel("sgd_step", params, momentum_buf);
   float* buf = momentum_buf.data_as<float>();
-  for (int64_t i = 0; i < n; ++i)
-    math::sgd_update(w[i], g[i], buf[i], p.lr, p.momentum, p.dampening, p.nesterov, p.weight_decay, p.first_step);
+  // The flags as compile-time constants and the buffers as non-aliasing: the loop then vectorises (the same
+  // math::sgd_update, element by element, so the results are unchanged); with run-time flags and possibly aliasing
+  // pointers it ran scalar, several times below memory bandwidth.
+  auto run = [&](auto nesterov, auto first, auto decay) {
+    float* __restrict pw = w;
+    const float* __restrict pg = g;
+    float* __restrict pb = buf;
+    const float lr = p.lr, momentum = p.momentum, dampening = p.dampening;
+    const float wd = decltype(decay)::value ? p.weight_decay : 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      math::sgd_update(pw[i], pg[i], pb[i], lr, momentum, dampening, decltype(nesterov)::value, wd,
+                       decltype(first)::value);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  const bool decay = p.weight_decay != 0.0f;
+  if (p.nesterov) {
+    if (p.first_step) decay ? run(T{}, T{}, T{}) : run(T{}, T{}, F{});
+    else decay ? run(T{}, F{}, T{}) : run(T{}, F{}, F{});
+  } else {
+    if (p.first_step) decay ? run(F{}, T{}, T{}) : run(F{}, T{}, F{});
+    else decay ? run(F{}, F{}, T{}) : run(F{}, F{}, F{});
+  }
 }
 
 void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p) {

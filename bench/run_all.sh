@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# ampdist against its peers and the machine's limits, side by side in one run: one table on stdout and
+# bench/results/<date>.json. See docs/performance.md for what each row measures and what limits it.
+#
+#   bench/run_all.sh            # the full suite (about 10 minutes on 2 cores)
+#   QUICK=1 bench/run_all.sh    # tiny sizes, a few seconds per part: the CTest smoke test (label bench)
+#
+# Environment: BUILD_DIR (default build), OUT (default bench/results/<date>.json; QUICK runs default to
+# $BUILD_DIR/bench_smoke.json), PYTHON (default /usr/bin/python3, Debian's, which has python3-torch), NO_TORCH=1 to
+# skip the PyTorch rows (they need python3-torch), NP4=0 to skip the oversubscribed 4-rank rows (QUICK runs skip
+# them unless NP4=1).
+#
+# Parts (raw JSON of each run goes to $BUILD_DIR/bench_raw/):
+#   1. main job throughput, ampdist_bench_train on configs/fashion_mnist_mlp.pbtxt, fp32/fp16/bf16 on 1 and 2 ranks
+#      (threads per rank = nproc / ranks), and bench/torch_mlp.py (PyTorch, gloo DDP on 2 ranks) for fp32 and bf16,
+#      each under OMP_WAIT_POLICY unset and =passive (the table takes the better: busy-waiting OpenMP threads lose
+#      badly on a machine with other load, passive ones lose a little on an idle one); fp32 on 4 ranks x 1 thread
+#      (oversubscribed on 2 cores, labelled so) for scaling;
+#   2. ampdist_bench_allreduce on 2 and 4 ranks, 1 KiB to 256 MiB;
+#   3. ampdist_bench_train on bench/configs/mlp_100m.pbtxt (100.7M parameters), fp16 and bf16, 1 rank;
+#   4. ampdist_bench_kernels (Google Benchmark): GEMM per dtype beside raw sgemm, casts, unscale, AdamW beside memcpy.
+set -euo pipefail
+export LC_ALL=C
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build}
+PYTHON=${PYTHON:-/usr/bin/python3}
+QUICK=${QUICK:-0}
+NO_TORCH=${NO_TORCH:-0}
+NP4=${NP4:-$([[ $QUICK == 1 ]] && echo 0 || echo 1)}
+NPROC=$(nproc)
+RAW=$BUILD_DIR/bench_raw$([[ $QUICK == 1 ]] && echo _smoke || true)
+if [[ $QUICK == 1 ]]; then OUT=${OUT:-$BUILD_DIR/bench_smoke.json}; else OUT=${OUT:-$ROOT/bench/results/$(date +%F).json}; fi
+BIN=$BUILD_DIR/bench
+MAIN_CFG=$ROOT/configs/fashion_mnist_mlp.pbtxt
+BIG_CFG=$ROOT/bench/configs/mlp_100m.pbtxt
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+MPIRUN=(mpirun -q --oversubscribe)
+
+say() { printf '%s\n' "$*" >&2; }
+die() { say "run_all: $*"; exit 1; }
+START=$(date +%s)
+
+# ---- build (if needed)
+TARGETS=(ampdist_bench_train ampdist_bench_allreduce ampdist_bench_kernels)
+if [[ ! -f $BUILD_DIR/CMakeCache.txt ]]; then cmake -S "$ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null; fi
+if ! cmake --build "$BUILD_DIR" --target "${TARGETS[@]}" -j"$NPROC" >"$BUILD_DIR/bench_build.log" 2>&1; then
+  cmake -S "$ROOT" -B "$BUILD_DIR" >/dev/null  # a tree configured before these targets existed
+  cmake --build "$BUILD_DIR" --target "${TARGETS[@]}" -j"$NPROC" >"$BUILD_DIR/bench_build.log" 2>&1 ||
+    die "build failed (bench/ is built only when Google Benchmark is found); see $BUILD_DIR/bench_build.log"
+fi
+if [[ $NO_TORCH != 1 ]] && ! "$PYTHON" -c 'import torch' 2>/dev/null; then
+  die "$PYTHON cannot import torch: install python3-torch (launch/setup/install_deps.sh) or set NO_TORCH=1"
+fi
+rm -rf "$RAW" && mkdir -p "$RAW" "$(dirname "$OUT")"
+if [[ $QUICK == 1 ]]; then  # the 100M model's shape at 64 wide, batch 8
+  sed 's/4096/64/g; s/global_batch_size: 256/global_batch_size: 8/' "$BIG_CFG" >"$RAW/mlp_tiny.pbtxt"
+  BIG_CFG=$RAW/mlp_tiny.pbtxt
+fi
+
+# ---- sizes
+if [[ $QUICK == 1 ]]; then
+  TRAIN=(--warmup 2 --steps 3 --repeat 2 --mp-iters 3 --sgemm-n 128)
+  TORCH=(--warmup 2 --steps 3 --repeat 2)
+  TORCH_BF16=(--warmup 1 --steps 2 --repeat 2)
+  BIG=(--warmup 1 --steps 2 --repeat 2 --mp-iters 3 --sgemm-n 128)
+  ALLREDUCE=(--min-bytes 1024 --max-bytes 16384 --target-bytes 65536 --min-iters 2 --max-iters 3)
+  KERNELS=(--benchmark_filter='/(256|65536)$' --benchmark_min_time=0.01)
+  PRECS=(fp32 bf16); BIG_PRECS=(fp16); WAITS=(default)
+else
+  TRAIN=(--warmup 20 --steps 60 --repeat 5 --mp-iters 20 --sgemm-n 1024)
+  TORCH=(--warmup 20 --steps 40 --repeat 5)
+  TORCH_BF16=(--warmup 5 --steps 20 --repeat 3)  # PyTorch bf16 is slow on CPUs without native bf16
+  BIG=(--warmup 2 --steps 3 --repeat 3 --mp-iters 7 --sgemm-n 1024)
+  ALLREDUCE=(--min-bytes 1024 --max-bytes $((256 << 20)) --target-bytes 6e8 --min-iters 5 --max-iters 40)
+  KERNELS=(--benchmark_min_time=0.2)
+  PRECS=(fp32 fp16 bf16); BIG_PRECS=(fp16 bf16); WAITS=(default passive)
+fi
+
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+step_title() { say ""; say "== $* ($(($(date +%s) - START)) s, load $(cut -d' ' -f1 /proc/loadavg))"; }
+
+# ---- 1. main job throughput
+for np in 1 2; do
+  threads=$((NPROC / np > 0 ? NPROC / np : 1))
+  for p in "${PRECS[@]}"; do
+    step_title "ampdist main job, $p, $np rank(s) x $threads thread(s)"
+    "${MPIRUN[@]}" -np $np "$BIN/ampdist_bench_train" --config "$MAIN_CFG" --precision $p \
+      --set train.threads_per_rank=$threads "${TRAIN[@]}" --json "$RAW/ampdist_${p}_np$np.json" >/dev/null ||
+      die "ampdist_bench_train $p np$np failed"
+  done
+  [[ $NO_TORCH == 1 ]] && continue
+  for p in fp32 bf16; do
+    # QUICK: PyTorch's start-up dominates; fp32 on 1 rank and bf16 DDP on 2 cover every path of torch_mlp.py.
+    [[ $QUICK == 1 && $p-$np != fp32-1 && $p-$np != bf16-2 ]] && continue
+    args=("${TORCH[@]}"); [[ $p == bf16 ]] && args=("${TORCH_BF16[@]}")
+    for wait in "${WAITS[@]}"; do
+      step_title "PyTorch main job, $p, $np rank(s) x $threads thread(s), OMP_WAIT_POLICY $wait"
+      envs=(); [[ $wait == passive ]] && envs=(OMP_WAIT_POLICY=passive)
+      port=$((29500 + RANDOM % 1000))
+      pids=()
+      for ((r = 0; r < np; r++)); do
+        env "${envs[@]}" RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          "$PYTHON" "$ROOT/bench/torch_mlp.py" --precision $p --threads $threads "${args[@]}" \
+          --json "$RAW/torch_${p}_np${np}_$wait.json" >/dev/null &
+        pids+=($!)
+      done
+      for pid in "${pids[@]}"; do wait "$pid" || die "torch_mlp.py $p np$np failed"; done
+    done
+  done
+done
+if [[ $NP4 == 1 ]]; then
+  step_title "ampdist main job, fp32, 4 ranks x 1 thread (oversubscribed)"
+  "${MPIRUN[@]}" -np 4 "$BIN/ampdist_bench_train" --config "$MAIN_CFG" --precision fp32 \
+    --set train.threads_per_rank=1 "${TRAIN[@]}" --json "$RAW/ampdist_fp32_np4.json" >/dev/null ||
+    die "ampdist_bench_train fp32 np4 failed"
+fi
+
+# ---- 2. all-reduce
+for np in 2 4; do
+  [[ $np == 4 && $NP4 != 1 ]] && continue
+  step_title "Reducer vs MPI_Allreduce, $np ranks"
+  "${MPIRUN[@]}" -np $np "$BIN/ampdist_bench_allreduce" "${ALLREDUCE[@]}" --json "$RAW/allreduce_np$np.json" >&2 ||
+    die "ampdist_bench_allreduce np$np failed"
+done
+
+# ---- 3. the 100M model
+for p in "${BIG_PRECS[@]}"; do
+  step_title "ampdist 100M synthetic MLP, $p, 1 rank x $NPROC threads"
+  "${MPIRUN[@]}" -np 1 "$BIN/ampdist_bench_train" --config "$BIG_CFG" --precision $p \
+    --set train.threads_per_rank=$NPROC "${BIG[@]}" --json "$RAW/big_${p}_np1.json" >/dev/null ||
+    die "ampdist_bench_train 100M $p failed"
+done
+
+# ---- 4. kernels
+step_title "kernels (Google Benchmark)"
+"$BIN/ampdist_bench_kernels" "${KERNELS[@]}" --benchmark_out="$RAW/kernels.json" --benchmark_out_format=json \
+  >/dev/null || die "ampdist_bench_kernels failed"
+
+# ---- table and results file
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
+CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+TORCH_VERSION=$([[ $NO_TORCH == 1 ]] && echo none || "$PYTHON" -c 'import torch; print(torch.__version__)')
+cat >"$RAW/meta.json.in" <<EOF
+{"date": "$(date -Iseconds)", "command": "$([[ $QUICK == 1 ]] && echo "QUICK=1 ")bench/run_all.sh",
+ "host": "$(hostname)", "cpu": "$CPU", "nproc": $NPROC,
+ "mem_total_kib": $(awk '/MemTotal/ { print $2 }' /proc/meminfo),
+ "git_commit": "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)",
+ "git_dirty": $(git -C "$ROOT" diff --quiet HEAD 2>/dev/null && echo false || echo true),
+ "mpirun": "$(mpirun --version 2>/dev/null | head -1)", "torch": "$TORCH_VERSION",
+ "loadavg_start": "$LOAD_START", "loadavg_end": "$LOAD_END", "seconds": $(($(date +%s) - START))}
+EOF
+"$PYTHON" "$ROOT/bench/report.py" "$RAW" "$OUT" --meta "$RAW/meta.json.in"
+say "wrote ${OUT#"$ROOT"/} ($(($(date +%s) - START)) s)"
