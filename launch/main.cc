@@ -8,6 +8,8 @@
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
 #include "launch/ckpt_command.h"
+#include "launch/generate_command.h"
+#include "launch/prepare_text_command.h"
 #include "launch/train_command.h"
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
@@ -50,6 +52,23 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--format", ckpt.format, "output format: safetensors (the default and only one)");
   export_cmd->add_option("-o,--output", ckpt.output, "output file (written to FILE.tmp, then renamed)")->required();
 
+  // `ampdist prepare-text` and `ampdist generate`: single-process tools for the gpt model.
+  ampdist::PrepareTextArgs prep;
+  CLI::App* prep_cmd = app.add_subcommand("prepare-text", "byte-level token files (train/val) from text files");
+  prep_cmd->add_option("paths", prep.paths, "text files or directories (e.g. /usr/share/games/fortunes)")
+      ->required();
+  prep_cmd->add_option("--out", prep.out, "output directory for train.bin and val.bin")->required();
+  prep_cmd->add_option("--val-fraction", prep.val_fraction, "share of documents for validation (default 0.1)");
+  ampdist::GenerateArgs gen;
+  CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a gpt checkpoint");
+  gen_cmd->add_option("--checkpoint", gen.checkpoint, path_help)->required();
+  gen_cmd->add_option("--prompt", gen.prompt, "text to continue (default: empty)");
+  gen_cmd->add_option("--tokens", gen.tokens, "tokens (bytes) to generate (default 200)");
+  gen_cmd->add_option("--temperature", gen.temperature, "softmax temperature; 0 = greedy (default 0.8)");
+  gen_cmd->add_option("--top-k", gen.top_k, "sample among the k most likely tokens; 0 = all (default 40)");
+  gen_cmd->add_option("--seed", gen.seed, "sampling seed (default 1)");
+  gen_cmd->add_option("--precision", gen.precision, "working dtype fp32, fp16 or bf16 (default: the checkpoint's)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -59,6 +78,13 @@ int main(int argc, char** argv) {
     // Every rank sees the same command line: one line from rank 0, exit code 2 everywhere.
     if (rank == 0) std::fprintf(stderr, "ampdist: error: %s (see ampdist --help)\n", e.what());
     return 2;
+  }
+
+  if (prep_cmd->parsed() || gen_cmd->parsed()) {
+    int code = 0;
+    if (rank == 0) code = prep_cmd->parsed() ? ampdist::run_prepare_text(prep) : ampdist::run_generate(gen);
+    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return code;
   }
 
   if (ckpt_cmd->parsed()) {

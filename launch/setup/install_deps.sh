@@ -17,6 +17,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-numpy python3-venv python3-pip
   dataset-fashion-mnist
+  fortunes
 )
 
 missing=()

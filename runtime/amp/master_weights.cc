@@ -34,7 +34,9 @@ void MasterWeights::initialize(uint64_t seed) {
     float* w = p->master.data_as<float>();
     const RngStream rng{seed, {0, 0, static_cast<uint32_t>(p->index)}, RngPurpose::kInit};
     for (int64_t i = 0; i < p->numel(); ++i) {
-      w[i] = p->init == ParamInit::kZeros ? 0.0f : (2.0f * rng.uniform(i) - 1.0f) * p->init_bound;
+      w[i] = p->init == ParamInit::kZeros  ? 0.0f
+             : p->init == ParamInit::kOnes ? 1.0f
+                                           : (2.0f * rng.uniform(i) - 1.0f) * p->init_bound;
     }
   }
   cast_to_working();

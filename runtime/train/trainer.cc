@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "runtime/kernels/kernels.h"
+#include "runtime/data/token_data.h"
+#include "runtime/nn/gpt.h"
 #include "runtime/nn/mlp.h"
 #include "runtime/train/config.h"
 
@@ -112,6 +114,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   r.scale = scaler_.scale();
   r.global_samples = global_samples;
   comm_.set_step(iteration_);
+  model_->set_mode(true, iteration_);  // dropout masks are keyed by the iteration
 
   apply_faults();
   const bool drop_mode = cfg_.precision().on_nonfinite() == DROP_RANK;
@@ -283,6 +286,7 @@ EvalResult Trainer::evaluate() {
   EvalResult e;
   if (!test_) return e;
   masters_->cast_to_working();
+  model_->set_mode(false, iteration_);
   const std::vector<int64_t> counts = shard_counts(test_->size(), comm_.world_size());
   int64_t begin = 0;
   for (int r = 0; r < comm_.rank(); ++r) begin += counts[r];
@@ -311,9 +315,17 @@ EvalResult Trainer::evaluate() {
 }
 
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
-  DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
   const DType working = resolve_dtype(cfg.precision().dtype(), Device::kCPU);
   const Autocast autocast(working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
+  if (cfg.model().has_gpt()) {
+    // Language model: windows of the token data; evaluation is the validation loss in nats per token.
+    const GptConfig& g = cfg.model().gpt();
+    DatasetPair data = load_token_datasets(cfg.data(), g.seq_len(), g.vocab_size());
+    auto model = std::make_unique<GptModel>(g, autocast, cfg.train().seed());
+    auto loss = std::make_unique<LanguageModelLoss>(*model);
+    return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), data.train, data.test);
+  }
+  DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
   auto model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
   return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
                                    data.test);
