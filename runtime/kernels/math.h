@@ -27,15 +27,19 @@ AMPDIST_HOST_DEVICE float relu_backward(float y, float dy) { return y > 0.0f ? d
 // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
+// tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp -> 0 gives -1, exp -> inf gives 1) and within a few
+// 1e-8 of tanhf in absolute terms, which is all GELU needs. glibc's tanhf (through expm1f) costs about 5x expf and
+// was a third of a small GPT's training step on the CPU.
+AMPDIST_HOST_DEVICE float tanh_exp(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
 AMPDIST_HOST_DEVICE float gelu(float x) {
   float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  return 0.5f * x * (1.0f + tanh_exp(u));
 }
 // d gelu(x)/dx * dy, from the forward input x.
 AMPDIST_HOST_DEVICE float gelu_backward(float x, float dy) {
   float x2 = x * x;
   float u = kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
-  float t = tanhf(u);
+  float t = tanh_exp(u);
   float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
   return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
 }

@@ -17,6 +17,7 @@
 #include "runtime/amp/master_weights.h"
 #include "runtime/core/rng.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/math.h"
 #include "runtime/kernels/transformer.h"
 #include "runtime/nn/attention.h"
 #include "runtime/nn/embedding.h"
@@ -124,6 +125,25 @@ TEST(GptLayers, LayerNormStatisticsStayFp32ForFp16Input) {
   const Tensor& y = ln.forward(x);
   ASSERT_EQ(y.dtype(), DType::kFloat32);
   for (int64_t i = 0; i < 128; ++i) EXPECT_NEAR(y.item(i), (i % 2) ? 1.0f : -1.0f, 1e-4f) << i;  // eps 1e-5 shrinks 1
+}
+
+// ---- GELU (tanh form) ------------------------------------------------------------------------------------------
+
+TEST(GptLayers, GeluGradientMatchesFiniteDifferences) {
+  const Autocast ac(DType::kFloat32);
+  Activation gelu("gelu", Activation::Kind::kGELU, ac);
+  Tensor x = random_tensor({4, 16}, 8, -4.0f, 4.0f);
+  const Tensor w = random_tensor({4, 16}, 9);
+  auto loss = [&] { return dot(gelu.forward(x), w); };
+  loss();
+  GradContext ctx = fresh_ctx();
+  const std::vector<float> dx = copy_of(gelu.backward(w, ctx));
+  check_grad("dx", x.data_as<float>(), dx.data(), x.numel(), 64, loss);
+  // The tanh form at a few points against the double formula (torch.nn.GELU(approximate="tanh")).
+  for (double v : {-6.0, -1.0, -0.1, 0.0, 0.3, 2.0, 9.0}) {
+    const double ref = 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(math::gelu(static_cast<float>(v)), ref, 1e-6 * std::max(1.0, std::abs(v))) << v;
+  }
 }
 
 // ---- Embedding -------------------------------------------------------------------------------------------------

@@ -244,45 +244,66 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
   if (!key_mask.empty() && static_cast<int64_t>(key_mask.size()) != B * T)
     throw Error(std::string(op) + ": key_mask has " + std::to_string(key_mask.size()) + " entries, expected " +
                 std::to_string(B * T));
-  thread_local std::vector<float> qs, os, row, acc;
+  thread_local std::vector<float> qs, os, row, acc, kt, vh, pr;
   const float* q = fp32_of(qkv, qs);
   float* o = fp32_out(out, os);
   float* pp = probs.data_as<float>();
   row.resize(static_cast<size_t>(T));
+  pr.resize(static_cast<size_t>(T));
   acc.resize(static_cast<size_t>(hs));
+  kt.resize(static_cast<size_t>(hs * T));  // this head's keys transposed, [hs, T]: score loops run along j
+  vh.resize(static_cast<size_t>(T * hs));  // this head's values, [T, hs]
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t ld = 3 * C;
+  float* srow = row.data();
+  float* prow = pr.data();
+  float* a = acc.data();
+  float* K = kt.data();
+  float* Vh = vh.data();
   for (int64_t b = 0; b < B; ++b) {
+    const uint8_t* mask = key_mask.empty() ? nullptr : key_mask.data() + b * T;
     for (int64_t h = 0; h < H; ++h) {
+      for (int64_t j = 0; j < T; ++j) {
+        const float* kj = q + (b * T + j) * ld + C + h * hs;
+        const float* vj = q + (b * T + j) * ld + 2 * C + h * hs;
+        for (int64_t e = 0; e < hs; ++e) {
+          K[e * T + j] = kj[e];
+          Vh[j * hs + e] = vj[e];
+        }
+      }
       for (int64_t i = 0; i < T; ++i) {
         const float* qi = q + (b * T + i) * ld + h * hs;
         float* p = pp + ((b * H + h) * T + i) * T;
+        std::fill(srow, srow + i + 1, 0.0f);
+        for (int64_t e = 0; e < hs; ++e) {
+          const float qe = qi[e];
+          const float* ke = K + e * T;
+          for (int64_t j = 0; j <= i; ++j) srow[j] += qe * ke[j];
+        }
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j <= i; ++j) {
-          if (!key_mask.empty() && !key_mask[static_cast<size_t>(b * T + j)]) continue;
-          const float* kj = q + (b * T + j) * ld + C + h * hs;
-          float d = 0.0f;
-          for (int64_t e = 0; e < hs; ++e) d += qi[e] * kj[e];
-          row[j] = d * scale;
-          mx = std::max(mx, row[j]);
+          srow[j] *= scale;
+          if (!mask || mask[j]) mx = std::max(mx, srow[j]);
         }
         float sum = 0.0f;
         for (int64_t j = 0; j < T; ++j) {
-          const bool allowed = j <= i && (key_mask.empty() || key_mask[static_cast<size_t>(b * T + j)]);
-          p[j] = allowed ? math::softmax_exp(row[j], mx) : 0.0f;
+          const bool allowed = j <= i && (!mask || mask[j]);
+          p[j] = allowed ? math::softmax_exp(srow[j], mx) : 0.0f;
           sum += p[j];
         }
         const float inv = math::softmax_inv_sum(sum);
-        std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t j = 0; j < T; ++j) {
           p[j] *= inv;
-          if (j > i) continue;
-          const float pr = round_to(p[j], pv_dtype);
-          const float* vj = q + (b * T + j) * ld + 2 * C + h * hs;
-          for (int64_t e = 0; e < hs; ++e) acc[e] += pr * vj[e];
+          prow[j] = round_to(p[j], pv_dtype);
+        }
+        std::fill(a, a + hs, 0.0f);
+        for (int64_t j = 0; j <= i; ++j) {
+          const float pj = prow[j];
+          const float* vj = Vh + j * hs;
+          for (int64_t e = 0; e < hs; ++e) a[e] += pj * vj[e];
         }
         float* oi = o + (b * T + i) * C + h * hs;
-        for (int64_t e = 0; e < hs; ++e) oi[e] = acc[e];
+        for (int64_t e = 0; e < hs; ++e) oi[e] = a[e];
       }
     }
   }
