@@ -388,6 +388,20 @@ TEST(GptModel, RejectsBadConfig) {
   EXPECT_THROW(GptModel(c, Autocast(DType::kFloat32), 1), Error);
 }
 
+// ---- autocast table ----------------------------------------------------------------------------------------------
+
+TEST(GptAutocast, NewOpKindsHaveTheirPolicy) {
+  EXPECT_EQ(autocast_rule(OpKind::kEmbedding), OpPrecision::kFP32);
+  EXPECT_EQ(autocast_rule(OpKind::kAttention), OpPrecision::kWorking);
+  EXPECT_EQ(autocast_rule(OpKind::kLayerNorm), OpPrecision::kFP32);
+  EXPECT_EQ(autocast_rule(OpKind::kSoftmax), OpPrecision::kFP32);
+  EXPECT_EQ(autocast_rule(OpKind::kCrossEntropy), OpPrecision::kFP32);
+  EXPECT_EQ(parse_op_kind("embedding"), OpKind::kEmbedding);
+  EXPECT_EQ(parse_op_kind("attention"), OpKind::kAttention);
+  const Autocast forced(DType::kFloat16, {}, {OpKind::kAttention});
+  EXPECT_EQ(forced.compute_dtype(OpKind::kAttention, "h.0.attn", DType::kFloat16), DType::kFloat32);
+}
+
 // ---- sampling --------------------------------------------------------------------------------------------------
 
 TEST(GptSampling, GreedyTopKAndInverseCdf) {
