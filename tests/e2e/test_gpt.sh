@@ -106,6 +106,12 @@ print(int(len(a) > 0 and all(math.isfinite(x) for x in a)))" "$TMP/s.safetensors
   fi
 fi
 
+# The shipped config runs on the whole corpus (3 steps here; the full run's numbers are in the README).
+run 2 "$TMP/shipped.txt" --config "$SRC/configs/fortunes_gpt.pbtxt" --run-dir "$TMP/shipped" --set train.steps=3 \
+  --set checkpoint.save_final=false && grep -q "^validation loss: [0-9.]* nat/token (4139 windows)" "$TMP/shipped.txt" &&
+  ok "configs/fortunes_gpt.pbtxt trains 3 steps on 2 ranks and evaluates 4139 validation windows" ||
+  not_ok "shipped config" "$(tail -3 "$TMP/shipped.txt")"
+
 # Bad input: a gpt model without token data, and a token file that is not one.
 run 1 "$TMP/b1.txt" --config "$TMP/tiny.pbtxt" --run-dir "$TMP/b1" --set "data.tokens.train=$TMP/tiny.pbtxt"
 rc=$?
