@@ -23,6 +23,7 @@
 #include "runtime/nn/embedding.h"
 #include "runtime/nn/gpt.h"
 #include "runtime/nn/layernorm.h"
+#include "runtime/train/config.h"
 
 namespace ampdist {
 namespace {
@@ -400,6 +401,29 @@ TEST(GptAutocast, NewOpKindsHaveTheirPolicy) {
   EXPECT_EQ(parse_op_kind("attention"), OpKind::kAttention);
   const Autocast forced(DType::kFloat16, {}, {OpKind::kAttention});
   EXPECT_EQ(forced.compute_dtype(OpKind::kAttention, "h.0.attn", DType::kFloat16), DType::kFloat32);
+}
+
+// ---- config ------------------------------------------------------------------------------------------------------
+
+TEST(GptConfigCheck, ShippedConfigValidatesAndBadFieldsAreNamed) {
+  const RunConfig shipped = parse_config_file(std::string(AMPDIST_SOURCE_DIR) + "/configs/fortunes_gpt.pbtxt");
+  EXPECT_NO_THROW(validate_config(shipped, "fortunes_gpt.pbtxt"));
+  auto message = [](const std::string& text) {
+    try {
+      validate_config(parse_config_text(text, "x.pbtxt"), "x.pbtxt");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kBadInput);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string text = "text { paths: \"/tmp\" }";
+  EXPECT_NE(message("model { gpt { n_head: 3 n_embd: 64 } } data { " + text + " }").find("model.gpt.n_embd"),
+            std::string::npos);
+  EXPECT_NE(message("model { gpt { dropout: 1.0 } } data { " + text + " }").find("model.gpt.dropout"),
+            std::string::npos);
+  EXPECT_NE(message("model { gpt { } } data { synthetic { } }").find("a gpt model needs tokens"), std::string::npos);
+  EXPECT_NE(message("model { mlp { } } data { " + text + " }").find("read by model { gpt"), std::string::npos);
 }
 
 // ---- sampling --------------------------------------------------------------------------------------------------
