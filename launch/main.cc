@@ -12,6 +12,8 @@
 #include "launch/env_command.h"
 #include "launch/rank_env.h"
 #include "launch/report_command.h"
+#include "launch/generate_command.h"
+#include "launch/prepare_text_command.h"
 #include "launch/train_command.h"
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
@@ -74,6 +76,23 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--set", bench.sets, "override one field (repeatable)");
   bench_cmd->add_option("--steps", bench.steps, "measured optimizer steps (default 200)");
   bench_cmd->add_option("--warmup", bench.warmup, "unmeasured steps first (default 20)");
+  // `ampdist prepare-text` and `ampdist generate`: single-process tools for the gpt model.
+  ampdist::PrepareTextArgs prep;
+  CLI::App* prep_cmd = app.add_subcommand("prepare-text", "byte-level token files (train/val) from text files");
+  prep_cmd->add_option("paths", prep.paths, "text files or directories (e.g. /usr/share/games/fortunes)")
+      ->required();
+  prep_cmd->add_option("--out", prep.out, "output directory for train.bin and val.bin")->required();
+  prep_cmd->add_option("--val-fraction", prep.val_fraction, "share of documents for validation (default 0.1)");
+  ampdist::GenerateArgs gen;
+  CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a gpt checkpoint");
+  gen_cmd->add_option("--checkpoint", gen.checkpoint, path_help)->required();
+  gen_cmd->add_option("--prompt", gen.prompt, "text to continue (default: empty)");
+  gen_cmd->add_option("--tokens", gen.tokens, "tokens (bytes) to generate (default 200)");
+  gen_cmd->add_option("--temperature", gen.temperature, "softmax temperature; 0 = greedy (default 0.8)");
+  gen_cmd->add_option("--top-k", gen.top_k, "sample among the k most likely tokens; 0 = all (default 40)");
+  gen_cmd->add_option("--seed", gen.seed, "sampling seed (default 1)");
+  gen_cmd->add_option("--precision", gen.precision, "working dtype fp32, fp16 or bf16 (default: the checkpoint's)");
+  gen_cmd->add_option("--device", gen.device, "cpu, cuda or auto (default: AMPDIST_DEVICE, else auto)");
 
   try {
     app.parse(argc, argv);
@@ -99,6 +118,12 @@ int main(int argc, char** argv) {
     }
   }
   if (env_cmd->parsed()) return ampdist::run_env_command(env, launcher, placement);
+  if (prep_cmd->parsed() || gen_cmd->parsed()) {
+    int code = 0;
+    if (rank == 0) code = prep_cmd->parsed() ? ampdist::run_prepare_text(prep) : ampdist::run_generate(gen);
+    MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    return code;
+  }
 
   if (ckpt_cmd->parsed()) {
     int code = 0;

@@ -231,7 +231,10 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     comm.abort(err ? err->exit_code() : 1);
   }
   if (rank0) {
-    std::cout << fmt::format("test accuracy: {:.4f} ({}/{})\n", s.test_accuracy, s.test_correct, s.test_samples);
+    if (cfg.model().has_gpt())
+      std::cout << fmt::format("validation loss: {:.4f} nat/token ({} windows)\n", s.test_loss, s.test_samples);
+    else
+      std::cout << fmt::format("test accuracy: {:.4f} ({}/{})\n", s.test_accuracy, s.test_correct, s.test_samples);
     std::cout << fmt::format("samples/s: {:.1f} ({} steps in {:.1f} s of training)\n", s.samples_per_s, s.steps,
                              s.train_seconds);
     std::cout << fmt::format("skipped steps: {}\n", s.skipped_steps);

@@ -20,6 +20,7 @@ packages=(
   iproute2 docker-compose  # tests: network namespaces (ip netns), validating docker-compose.yml
   libboost-dev chromium  # the CRC-32C of TensorBoard event files (Boost.CRC); the report's screenshot test
   python3-torch  # bench/torch_mlp.py, the PyTorch reference of bench/run_all.sh
+  fortunes  # the GPT model's text corpus (/usr/share/games/fortunes)
 )
 
 missing=()

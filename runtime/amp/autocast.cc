@@ -22,6 +22,8 @@ constexpr Entry kTable[] = {
     {OpKind::kMean, "mean", OpPrecision::kFP32},
     {OpKind::kExp, "exp", OpPrecision::kFP32},
     {OpKind::kLog, "log", OpPrecision::kFP32},
+    {OpKind::kEmbedding, "embedding", OpPrecision::kFP32},
+    {OpKind::kAttention, "attention", OpPrecision::kWorking},
 };
 const Entry& entry(OpKind op) {
   for (const Entry& e : kTable)

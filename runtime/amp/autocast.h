@@ -4,6 +4,11 @@
 //   softmax, log-softmax, cross-entropy, layer norm, sums,
 //   means over many elements, exp, log                      -> FP32
 //   element-wise ops (relu, gelu, add)                      -> keep the input's dtype
+//   embedding (a gather from the FP32 master weights)       -> FP32: the residual stream stays FP32, as under
+//                                                              torch.autocast, where embedding is not cast
+//   attention's q k^T and p v products                       -> the working dtype; its scores and softmax are
+//                                                              "softmax" (FP32): q k^T is accumulated and kept in
+//                                                              FP32, so logits beyond 65504 never overflow fp16
 //
 // The config can force single layers (precision.fp32_layers, by layer name) or op kinds everywhere
 // (precision.fp32_ops, by the names below) to FP32.
@@ -17,7 +22,8 @@
 
 namespace ampdist {
 
-enum class OpKind { kLinear, kReLU, kGELU, kSoftmax, kLogSoftmax, kCrossEntropy, kLayerNorm, kSum, kMean, kExp, kLog };
+enum class OpKind { kLinear, kReLU, kGELU, kSoftmax, kLogSoftmax, kCrossEntropy, kLayerNorm, kSum, kMean, kExp, kLog,
+                    kEmbedding, kAttention };
 
 enum class OpPrecision {
   kWorking,    // the run's working dtype
@@ -27,7 +33,8 @@ enum class OpPrecision {
 
 // The table's entry for `op`.
 OpPrecision autocast_rule(OpKind op);
-// "linear", "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "layer_norm", "sum", "mean", "exp", "log".
+// "linear", "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "layer_norm", "sum", "mean", "exp", "log",
+// "embedding", "attention".
 const char* op_kind_name(OpKind op);
 // Inverse of op_kind_name; nullopt for an unknown name.
 std::optional<OpKind> parse_op_kind(const std::string& name);

@@ -36,7 +36,9 @@ void MasterWeights::initialize(uint64_t seed) {
     float* w = host.data_as<float>() + p->offset;
     const RngStream rng{seed, {0, 0, static_cast<uint32_t>(p->index)}, RngPurpose::kInit};
     for (int64_t i = 0; i < p->numel(); ++i) {
-      w[i] = p->init == ParamInit::kZeros ? 0.0f : (2.0f * rng.uniform(i) - 1.0f) * p->init_bound;
+      w[i] = p->init == ParamInit::kZeros  ? 0.0f
+             : p->init == ParamInit::kOnes ? 1.0f
+                                           : (2.0f * rng.uniform(i) - 1.0f) * p->init_bound;
     }
   }
   if (device_ != Device::kCPU) host.copy_to(master_);

@@ -16,7 +16,7 @@
 namespace ampdist {
 
 // What a stream is for; the first stream coordinate, so that purposes never share numbers.
-enum class RngPurpose : uint32_t { kInit = 1, kShuffle = 2, kSynthetic = 3, kDropout = 4 };
+enum class RngPurpose : uint32_t { kInit = 1, kShuffle = 2, kSynthetic = 3, kDropout = 4, kSampling = 5 };
 
 struct RngStream {
   uint64_t seed;

@@ -279,6 +279,8 @@ DatasetPair load_datasets(const DataConfig& cfg, uint64_t seed) {
       p.test = std::make_shared<SyntheticDataset>(c.test_samples(), c.features(), c.classes(), c.noise(), seed, 1);
       return p;
     }
+    case DataConfig::kTokens:
+    case DataConfig::kText:  // token data for language models: load_token_datasets (token_data.h)
     case DataConfig::KIND_NOT_SET:
       break;
   }

@@ -19,6 +19,7 @@ namespace ampdist {
 enum class ParamInit {
   kZeros,
   kUniform,  // U(-init_bound, init_bound)
+  kOnes,     // every element 1 (LayerNorm gains)
 };
 
 struct Parameter {
@@ -66,6 +67,12 @@ class Module {
   // calls ctx.on_grad_ready for each, and returns dx [B, in] (owned by the module), or an empty tensor when
   // !ctx.need_input_grad.
   virtual const Tensor& backward(const Tensor& dy, GradContext& ctx) = 0;
+  // Training (dropout on) for optimizer iteration `step` (1-based), or evaluation/inference (training = false).
+  // Called by the Trainer before each step and each evaluation; modules without dropout ignore it.
+  virtual void set_mode(bool training, int64_t step) {}
+  // Whether forward() reads its input on the host (token ids that the model turns into lookups) rather than as a
+  // tensor on the parameters' device. The CUDA step copies inputs to the GPU only for models that return false.
+  virtual bool takes_host_input() const { return false; }
 
  private:
   std::string name_;

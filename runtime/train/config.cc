@@ -203,7 +203,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
 
   // model
   if (!cfg.has_model() || cfg.model().kind_case() == ModelConfig::KIND_NOT_SET)
-    throw BadInput(source, "model: set mlp { ... }");
+    throw BadInput(source, "model: set mlp { ... } or gpt { ... }");
   for (int i = 0; i < cfg.model().mlp().hidden_size(); ++i)
     positive("model.mlp.hidden[" + std::to_string(i) + "]", static_cast<double>(cfg.model().mlp().hidden(i)));
 
@@ -218,6 +218,28 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
     if (d.idx().dir().empty()) fail("data.idx.dir", "must name a directory", "\"\"");
     positive("data.idx.std", d.idx().std());
     if (!std::isfinite(d.idx().mean())) fail("data.idx.mean", "must be finite", str(d.idx().mean()));
+  }
+  if (cfg.model().has_gpt()) {
+    const GptConfig& g = cfg.model().gpt();
+    positive("model.gpt.n_head", g.n_head());
+    positive("model.gpt.n_embd", g.n_embd());
+    positive("model.gpt.seq_len", g.seq_len());
+    non_negative("model.gpt.n_layer", g.n_layer());
+    if (g.n_embd() % std::max(g.n_head(), 1) != 0)
+      fail("model.gpt.n_embd", "must be a multiple of model.gpt.n_head (" + str(g.n_head()) + ")", str(g.n_embd()));
+    if (g.vocab_size() < 2 || g.vocab_size() > 65536)
+      fail("model.gpt.vocab_size", "must be in [2, 65536] (uint16 tokens)", str(g.vocab_size()));
+    in_unit("model.gpt.dropout", g.dropout());
+    positive("model.gpt.init_scale", g.init_scale());
+    if (!d.has_tokens() && !d.has_text()) fail("data", "a gpt model needs tokens { ... } or text { ... }", "unset");
+  } else if (d.has_tokens() || d.has_text()) {
+    fail("data", "tokens { ... } and text { ... } are read by model { gpt { ... } } only", "an mlp model");
+  }
+  if (d.has_tokens()) non_negative("data.tokens.stride", static_cast<double>(d.tokens().stride()));
+  if (d.has_text()) {
+    in_unit("data.text.val_fraction", d.text().val_fraction());
+    non_negative("data.text.stride", static_cast<double>(d.text().stride()));
+    if (d.text().paths().empty()) fail("data.text.paths", "must name at least one file or directory", "[]");
   }
   if (d.has_synthetic()) {
     positive("data.synthetic.train_samples", static_cast<double>(d.synthetic().train_samples()));

@@ -163,9 +163,12 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
       events->add_scalars(step, {{"eval/test_accuracy", e.accuracy()}, {"eval/test_loss", e.loss}});
       events->flush();
     }
-    print(fmt::format("eval  step {:>6}  test_accuracy {:.4f} ({}/{})  test_loss {:.4f}", step, e.accuracy(), e.correct,
-                      e.samples, e.loss),
-          false);
+    if (cfg.model().has_gpt())  // a language model: the mean loss per validation token is the measure
+      print(fmt::format("eval  step {:>6}  val_loss {:.4f} nat/token ({} windows)", step, e.loss, e.samples), false);
+    else
+      print(fmt::format("eval  step {:>6}  test_accuracy {:.4f} ({}/{})  test_loss {:.4f}", step, e.accuracy(),
+                        e.correct, e.samples, e.loss),
+            false);
   };
 
   int64_t saved_at = -1;
@@ -303,6 +306,7 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                         {"dropped_rank_steps", s.dropped_contributions},
                         {"failed_saves", s.failed_saves},
                         {"test_accuracy", s.test_accuracy},
+                        {"test_loss", num(s.test_loss)},
                         {"samples_per_s", s.samples_per_s},
                         {"final_scale", s.final_scale},
                         {"master_weights_hash", hex16(s.master_hash)},

@@ -12,6 +12,8 @@
 #include "runtime/core/device.h"
 #include "runtime/kernels/device_ops.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/data/token_data.h"
+#include "runtime/nn/gpt.h"
 #include "runtime/nn/mlp.h"
 #include "runtime/train/config.h"
 
@@ -149,6 +151,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   r.scale = scaler_.scale();
   r.global_samples = global_samples;
   comm_.set_step(iteration_);
+  model_->set_mode(true, iteration_);  // dropout masks are keyed by the iteration
 
   apply_faults();
   const bool drop_mode = cfg_.precision().on_nonfinite() == DROP_RANK;
@@ -283,6 +286,7 @@ StepResult Trainer::step_device(std::span<const MicroBatch> micro, int64_t globa
   r.iteration = ++iteration_;
   r.global_samples = global_samples;
   comm_.set_step(iteration_);
+  model_->set_mode(true, iteration_);  // dropout masks are keyed by the iteration
   apply_faults();
 
   masters_->cast_to_working();
@@ -304,9 +308,13 @@ StepResult Trainer::step_device(std::span<const MicroBatch> micro, int64_t globa
     final_micro_ = k + 1 == micro.size();
     reducer_->begin_backward(final_micro_);
     const Tensor& x_host = k == 0 ? maybe_inject_input(micro[k].x) : micro[k].x;
-    x_dev_[k].ensure(x_host.shape(), x_host.dtype(), Device::kCUDA);
-    x_host.copy_to(x_dev_[k]);
-    const Tensor& logits = model_->forward(x_dev_[k]);
+    const Tensor* x = &x_host;
+    if (!model_->takes_host_input()) {
+      x_dev_[k].ensure(x_host.shape(), x_host.dtype(), Device::kCUDA);
+      x_host.copy_to(x_dev_[k]);
+      x = &x_dev_[k];
+    }
+    const Tensor& logits = model_->forward(*x);
     host_loss += criterion_->forward(logits, micro[k].y);  // 0 from a device criterion
     grad_ctx_.accumulate = k > 0;
     grad_ctx_.need_input_grad = false;
@@ -523,6 +531,7 @@ EvalResult Trainer::evaluate() {
   EvalResult e;
   if (!test_) return e;
   masters_->cast_to_working();
+  model_->set_mode(false, iteration_);
   const std::vector<int64_t> counts = shard_counts(test_->size(), comm_.world_size());
   int64_t begin = 0;
   for (int r = 0; r < comm_.rank(); ++r) begin += counts[r];
@@ -538,7 +547,7 @@ EvalResult Trainer::evaluate() {
     float* x = eval_x_.data_as<float>();
     for (int64_t i = 0; i < n; ++i) test_->get(b + i, x + i * dim, &eval_y_[i]);
     const Tensor* xin = &eval_x_;
-    if (device_ == Device::kCUDA) {
+    if (device_ == Device::kCUDA && !model_->takes_host_input()) {
       eval_x_dev_.ensure(eval_x_.shape(), eval_x_.dtype(), Device::kCUDA);
       eval_x_.copy_to(eval_x_dev_);
       xin = &eval_x_dev_;
@@ -557,11 +566,19 @@ EvalResult Trainer::evaluate() {
 }
 
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
-  DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
   const Device dev = comm.device();
   const DType working = resolve_dtype(cfg.precision().dtype(), dev,
                                       dev == Device::kCUDA && device::properties(device::current_device()).bf16);
   const Autocast autocast(working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
+  if (cfg.model().has_gpt()) {
+    // Language model: windows of the token data; evaluation is the validation loss in nats per token.
+    const GptConfig& g = cfg.model().gpt();
+    DatasetPair data = load_token_datasets(cfg.data(), g.seq_len(), g.vocab_size());
+    auto model = std::make_unique<GptModel>(g, autocast, cfg.train().seed());
+    auto loss = std::make_unique<LanguageModelLoss>(*model);
+    return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), data.train, data.test);
+  }
+  DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
   auto model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
   return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
                                    data.test);

@@ -1,0 +1,121 @@
+#include "launch/generate_command.h"
+
+#include <cstdlib>
+
+#include "runtime/core/device.h"
+#include "runtime/train/config.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <vector>
+
+#include "runtime/amp/autocast.h"
+#include "runtime/amp/master_weights.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/core/error.h"
+#include "runtime/core/rng.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/nn/gpt.h"
+#include "runtime/train/config.h"
+
+namespace ampdist {
+
+namespace {
+
+std::string resolve_checkpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw BadInput(path, "no such checkpoint directory");
+  if (fs::exists(fs::path(path) / "manifest.pb", ec)) return path;
+  if (auto p = find_latest_checkpoint(path)) return *p;
+  throw BadInput(path, "no complete checkpoint here (expected manifest.pb or step_* directories)");
+}
+
+DType parse_precision(const std::string& p, DTypeName saved) {
+  if (p.empty()) return resolve_dtype(saved, Device::kCPU);
+  const std::string& name = p;
+  if (name == "fp32") return DType::kFloat32;
+  if (name == "fp16") return DType::kFloat16;
+  if (name == "bf16") return DType::kBFloat16;
+  throw BadInput("--precision", "must be fp32, fp16 or bf16, got \"" + name + "\"");
+}
+
+}  // namespace
+
+int run_generate(const GenerateArgs& args) {
+  try {
+    if (args.tokens < 0) throw BadInput("--tokens", "must be >= 0, got " + std::to_string(args.tokens));
+    if (!(args.temperature >= 0.0f)) throw BadInput("--temperature", "must be >= 0");
+    const std::string path = resolve_checkpoint(args.checkpoint);
+    const Manifest m = read_manifest(path);
+    if (!m.config().model().has_gpt())
+      throw BadInput(path, "is not a gpt checkpoint (its config has no model.gpt)");
+    const GptConfig& g = m.config().model().gpt();
+    if (g.vocab_size() != 256)
+      throw BadInput(path, "generate prints bytes: it needs a byte-level model (vocab_size 256), this one has " +
+                               std::to_string(g.vocab_size()));
+    if (!args.device.empty()) {
+      if (args.device != "cpu" && args.device != "cuda" && args.device != "auto")
+        throw BadInput("--device", "expected cpu, cuda or auto, got '" + args.device + "'");
+      setenv("AMPDIST_DEVICE", args.device.c_str(), 1);
+    }
+    RunConfig device_cfg;
+    *device_cfg.mutable_device() = m.config().device();
+    const Device device = resolve_device(device_cfg);
+    if (device == Device::kCUDA) device::set_device(0);
+    const DType working = parse_precision(args.precision, m.precision());
+    kernels::set_num_threads(1);
+    const Autocast autocast(working);
+    GptModel model(g, autocast, m.config().train().seed());
+    std::vector<Parameter*> params;
+    model.collect_parameters(params);
+    MasterWeights masters(params, working, device);
+    std::vector<float> saved = read_checkpoint_buffer(path, "master");
+    if (static_cast<int64_t>(saved.size()) != masters.numel())
+      throw BadInput(path, "holds " + std::to_string(saved.size()) + " master weights, the model of its config has " +
+                               std::to_string(masters.numel()));
+    Tensor::view(saved.data(), {masters.numel()}, DType::kFloat32).copy_to(masters.master());
+    masters.cast_to_working();
+    model.set_mode(false, 0);
+
+    std::vector<int32_t> tokens;
+    for (unsigned char c : args.prompt) {
+      if (c >= g.vocab_size())
+        throw BadInput("--prompt", "byte " + std::to_string(c) + " is outside the vocabulary of " +
+                                       std::to_string(g.vocab_size()));
+      tokens.push_back(c);
+    }
+    if (tokens.empty()) tokens.push_back('\n');  // an empty prompt starts a new line
+    std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
+    const int64_t T = g.seq_len();
+    std::vector<float> row(static_cast<size_t>(g.vocab_size()));
+    for (int64_t n = 0; n < args.tokens; ++n) {
+      const int64_t t = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
+      std::span<const int32_t> ctx(tokens.data() + tokens.size() - t, static_cast<size_t>(t));
+      const Tensor& logits = model.logits(ctx, 1, t);
+      Tensor last = logits.rows(t - 1, t);
+      if (last.device() != Device::kCPU) last = last.to(Device::kCPU);  // one row of logits to the host
+      Tensor out = Tensor::view(row.data(), last.shape(), DType::kFloat32);
+      kernels::cast(last, out);
+      const RngStream rng{args.seed, {static_cast<uint32_t>(n), 0, 0}, RngPurpose::kSampling};
+      const int32_t next = sample_next_token(row, args.temperature, args.top_k, rng.uniform(0));
+      tokens.push_back(next);
+      const unsigned char byte = static_cast<unsigned char>(next);
+      std::fwrite(&byte, 1, 1, stdout);
+    }
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    return 0;
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ampdist: error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ampdist: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace ampdist

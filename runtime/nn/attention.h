@@ -1,0 +1,47 @@
+// Causal multi-head self-attention (Vaswani et al. 2017; GPT-2's layout): c_attn Linear C -> 3C (q | k | v),
+// softmax(q k^T / sqrt(hs)) v per head over keys j <= i, c_proj Linear C -> C.
+// Autocast: both Linears and the p @ v product run in the working dtype ("linear", "attention"); the scores and the
+// softmax are FP32 ("softmax"), so q k^T beyond fp16's 65504 stays finite. Forcing this layer ("h.0.attn") or the
+// op kind "attention" to FP32 also keeps p unrounded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/nn/module.h"
+
+namespace ampdist {
+
+class Linear;
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(std::string name, int64_t channels, int64_t n_head, int64_t seq_len, float init_scale,
+                      const Autocast& autocast);
+  ~CausalSelfAttention() override;
+
+  void collect_parameters(std::vector<Parameter*>& out) override;
+  // x: [B*T, C] any dtype, T = seq_len(). Returns [B*T, C] in the working dtype.
+  const Tensor& forward(const Tensor& x) override;
+  const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+
+  // Window length of the next forward (<= the constructor's seq_len; generation runs shorter prompts).
+  void set_seq_len(int64_t t) { seq_len_ = t; }
+  int64_t seq_len() const { return seq_len_; }
+  // Keys allowed per window position, [B*T] (1 = may be attended); empty = all (the causal mask only).
+  void set_key_mask(std::vector<uint8_t> mask) { key_mask_ = std::move(mask); }
+  Linear& c_attn() { return *c_attn_; }
+  Linear& c_proj() { return *c_proj_; }
+  // Attention probabilities of the last forward, [B, H, T, T] FP32.
+  const Tensor& probs() const { return probs_; }
+
+ private:
+  int64_t channels_, n_head_, max_seq_, seq_len_;
+  DType pv_dtype_;
+  std::unique_ptr<Linear> c_attn_, c_proj_;
+  std::vector<uint8_t> key_mask_;
+  Tensor qkv_, probs_, y_, dqkv_;
+};
+
+}  // namespace ampdist

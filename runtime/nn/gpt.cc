@@ -1,0 +1,275 @@
+#include "runtime/nn/gpt.h"
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/transformer.h"
+
+namespace ampdist {
+
+namespace {
+const Tensor kNone;
+
+void copy_fp32(const Tensor& src, Tensor& dst) {
+  dst.ensure(src.shape(), DType::kFloat32, src.device());
+  kernels::cast(src, dst);
+}
+
+void check_config(const GptConfig& c) {
+  auto bad = [](const std::string& field, const std::string& what) {
+    return BadInput("config", "model.gpt." + field + " " + what);
+  };
+  if (c.n_layer() < 0) throw bad("n_layer", "must be >= 0, got " + std::to_string(c.n_layer()));
+  if (c.n_head() <= 0) throw bad("n_head", "must be > 0, got " + std::to_string(c.n_head()));
+  if (c.n_embd() <= 0 || c.n_embd() % c.n_head() != 0)
+    throw bad("n_embd", "must be a positive multiple of n_head (" + std::to_string(c.n_head()) + "), got " +
+                            std::to_string(c.n_embd()));
+  if (c.seq_len() <= 0 || c.seq_len() > 65536)
+    throw bad("seq_len", "must be in [1, 65536], got " + std::to_string(c.seq_len()));
+  if (c.vocab_size() < 2 || c.vocab_size() > 65536)
+    throw bad("vocab_size", "must be in [2, 65536] (uint16 tokens), got " + std::to_string(c.vocab_size()));
+  if (!(c.dropout() >= 0.0f && c.dropout() < 1.0f))
+    throw bad("dropout", "must be in [0, 1), got " + std::to_string(c.dropout()));
+  if (!(c.init_scale() > 0.0f) || !std::isfinite(c.init_scale()))
+    throw bad("init_scale", "must be finite and > 0, got " + std::to_string(c.init_scale()));
+  const double params = 12.0 * c.n_layer() * double(c.n_embd()) * c.n_embd() +
+                        double(c.vocab_size() + c.seq_len()) * c.n_embd();
+  if (params > double(int64_t{1} << 31))
+    throw bad("n_embd", "and n_layer give more than 2^31 parameters (" + std::to_string(params) + ")");
+}
+}  // namespace
+
+struct GptModel::Block {
+  std::unique_ptr<LayerNorm> ln_1, ln_2;
+  std::unique_ptr<CausalSelfAttention> attn;
+  std::unique_ptr<Linear> c_fc, c_proj;
+  std::unique_ptr<Activation> gelu;
+};
+
+GptModel::GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed)
+    : Module("gpt"), cfg_(cfg), seed_(seed) {
+  check_config(cfg_);
+  const int64_t C = cfg_.n_embd(), T = cfg_.seq_len(), V = cfg_.vocab_size();
+  const float scale = cfg_.init_scale();
+  emb_ = std::make_unique<Embedding>("embedding", V, T, C, scale);
+  for (int l = 0; l < cfg_.n_layer(); ++l) {
+    const std::string p = "h." + std::to_string(l);
+    auto b = std::make_unique<Block>();
+    b->ln_1 = std::make_unique<LayerNorm>(p + ".ln_1", C);
+    b->attn = std::make_unique<CausalSelfAttention>(p + ".attn", C, cfg_.n_head(), T, scale, autocast);
+    b->ln_2 = std::make_unique<LayerNorm>(p + ".ln_2", C);
+    b->c_fc = std::make_unique<Linear>(p + ".mlp.c_fc", C, 4 * C, true, autocast);
+    b->gelu = std::make_unique<Activation>(p + ".mlp.gelu", Activation::Kind::kGELU, autocast);
+    b->c_proj = std::make_unique<Linear>(p + ".mlp.c_proj", 4 * C, C, true, autocast);
+    for (Linear* lin : {b->c_fc.get(), b->c_proj.get()}) {
+      lin->weight().init_bound *= scale;
+      lin->bias()->init_bound *= scale;
+    }
+    blocks_.push_back(std::move(b));
+  }
+  ln_f_ = std::make_unique<LayerNorm>("ln_f", C);
+  if (cfg_.tie_embeddings()) {
+    head_dtype_ = autocast.compute_dtype(OpKind::kLinear, "lm_head", autocast.working());
+  } else {
+    lm_head_ = std::make_unique<Linear>("lm_head", C, V, false, autocast);
+    lm_head_->weight().init_bound *= scale;
+    head_dtype_ = lm_head_->compute_dtype();
+  }
+  resid_.resize(2 * blocks_.size() + 1);
+}
+
+GptModel::~GptModel() = default;
+
+void GptModel::collect_parameters(std::vector<Parameter*>& out) {
+  emb_->collect_parameters(out);
+  for (auto& b : blocks_) {
+    b->ln_1->collect_parameters(out);
+    b->attn->collect_parameters(out);
+    b->ln_2->collect_parameters(out);
+    b->c_fc->collect_parameters(out);
+    b->c_proj->collect_parameters(out);
+  }
+  ln_f_->collect_parameters(out);
+  if (lm_head_) lm_head_->collect_parameters(out);
+}
+
+void GptModel::set_mode(bool training, int64_t step) {
+  training_ = training;
+  step_ = step;
+}
+
+void GptModel::set_key_mask(const std::vector<uint8_t>& mask) {
+  for (auto& b : blocks_) b->attn->set_key_mask(mask);
+}
+
+void GptModel::dropout(Tensor& x, uint32_t site) {
+  if (!training_ || cfg_.dropout() == 0.0f) return;
+  const kernels::DropoutKey key{seed_, static_cast<uint32_t>(step_), site};
+  kernels::dropout_inplace(x, cfg_.dropout(), key, sample_ids_, x.dim(0) / static_cast<int64_t>(sample_ids_.size()));
+}
+
+const Tensor& GptModel::forward(const Tensor& x) {
+  const int64_t T = cfg_.seq_len();
+  if (x.ndim() != 2 || x.dim(1) != T + 1 + kGptIndexColumns || x.dtype() != DType::kFloat32)
+    throw Error("gpt: input " + shape_str(x.shape()) + " " + dtype_name(x.dtype()) + ", expected FP32 [B, " +
+                std::to_string(T + 1 + kGptIndexColumns) + "] (seq_len + 1 tokens and the window index)");
+  const int64_t B = x.dim(0);
+  ids_.ensure({B, T}, DType::kFloat32);
+  targets_.resize(static_cast<size_t>(B * T));
+  sample_ids_.resize(static_cast<size_t>(B));
+  const float* in = x.data_as<float>();
+  float* ids = ids_.data_as<float>();
+  const int64_t V = cfg_.vocab_size();
+  for (int64_t b = 0; b < B; ++b) {
+    const float* row = in + b * x.dim(1);
+    for (int64_t t = 0; t < T; ++t) {
+      ids[b * T + t] = row[t];
+      const float y = row[t + 1];
+      if (!(y >= 0.0f && y < static_cast<float>(V)))
+        throw Error("gpt: target token " + std::to_string(y) + " of window row " + std::to_string(b) +
+                        " is outside the vocabulary [0, " + std::to_string(V) + ")",
+                    ErrorKind::kBadInput);
+      targets_[static_cast<size_t>(b * T + t)] = static_cast<int32_t>(y);
+    }
+    sample_ids_[static_cast<size_t>(b)] =
+        static_cast<uint32_t>(row[T + 1]) | (static_cast<uint32_t>(row[T + 2]) << 16);
+  }
+  return run(ids_, T);
+}
+
+const Tensor& GptModel::logits(std::span<const int32_t> tokens, int64_t batch, int64_t t) {
+  if (batch <= 0 || t <= 0 || t > cfg_.seq_len() || static_cast<int64_t>(tokens.size()) != batch * t)
+    throw Error("gpt: " + std::to_string(tokens.size()) + " tokens are not " + std::to_string(batch) +
+                " windows of t in [1, " + std::to_string(cfg_.seq_len()) + "]");
+  ids_.ensure({batch, t}, DType::kFloat32);
+  float* ids = ids_.data_as<float>();
+  for (size_t i = 0; i < tokens.size(); ++i) ids[i] = static_cast<float>(tokens[i]);
+  sample_ids_.assign(static_cast<size_t>(batch), 0);
+  const bool was_training = training_;
+  training_ = false;
+  const Tensor& out = run(ids_, t);
+  training_ = was_training;
+  return out;
+}
+
+const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
+  for (auto& b : blocks_) b->attn->set_seq_len(t);
+  copy_fp32(emb_->forward(token_ids), resid_[0]);
+  dropout(resid_[0], 0);
+  size_t k = 0;
+  auto residual = [&](const Tensor& branch, uint32_t site) {
+    Tensor br = branch;  // the branch's output buffer, owned by its last layer; dropout may change it in place
+    dropout(br, site);
+    copy_fp32(resid_[k], resid_[k + 1]);
+    kernels::add_inplace(resid_[k + 1], br);
+    ++k;
+  };
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = *blocks_[l];
+    residual(b.attn->forward(b.ln_1->forward(resid_[k])), static_cast<uint32_t>(1 + 2 * l));
+    const Tensor& h = b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[k])));
+    residual(b.c_proj->forward(h), static_cast<uint32_t>(2 + 2 * l));
+  }
+  const Tensor& hf = ln_f_->forward(resid_[k]);
+  if (lm_head_) return lm_head_->forward(hf);
+  // Tied head: logits = h @ wte^T, a GEMM in the working dtype (autocast "linear" of layer "lm_head").
+  const Tensor* h = &hf;
+  if (hf.dtype() != head_dtype_) {
+    h_cast_.ensure(hf.shape(), head_dtype_, hf.device());
+    kernels::cast(hf, h_cast_);
+    h = &h_cast_;
+  } else {
+    h_cast_ = hf;
+  }
+  logits_.ensure({hf.dim(0), cfg_.vocab_size()}, head_dtype_, hf.device());
+  kernels::gemm(*h, false, emb_->token_weight().weights_for(head_dtype_), true, logits_);
+  return logits_;
+}
+
+const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
+  const bool outer_need = ctx.need_input_grad;
+  ctx.need_input_grad = true;
+  const Tensor* dh;
+  if (lm_head_) {
+    dh = &lm_head_->backward(dy, ctx);
+  } else {
+    const Tensor* dl = &dy;
+    if (dy.dtype() != head_dtype_) {
+      dbranch_.ensure(dy.shape(), head_dtype_, dy.device());
+      kernels::cast(dy, dbranch_);
+      dl = &dbranch_;
+    }
+    Parameter& wte = emb_->token_weight();
+    // dwte [V, C] = dlogits^T [V, N] @ h [N, C]; the embedding's backward adds its scatter after this.
+    kernels::gemm(*dl, true, h_cast_, false, wte.grad, 1.0f, ctx.accumulate ? 1.0f : 0.0f);
+    dh_.ensure(h_cast_.shape(), head_dtype_, h_cast_.device());
+    kernels::gemm(*dl, false, wte.weights_for(head_dtype_), false, dh_);
+    dh = &dh_;
+  }
+  copy_fp32(ln_f_->backward(*dh, ctx), dresid_);
+  const bool drop = training_ && cfg_.dropout() > 0.0f;
+  auto branch_grad = [&](uint32_t site) -> const Tensor& {
+    if (!drop) return dresid_;
+    copy_fp32(dresid_, dbranch_);
+    dropout(dbranch_, site);
+    return dbranch_;
+  };
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    Block& b = *blocks_[l];
+    const Tensor& dm = b.c_fc->backward(b.gelu->backward(b.c_proj->backward(branch_grad(2 + 2 * l), ctx), ctx), ctx);
+    kernels::add_inplace(dresid_, b.ln_2->backward(dm, ctx));
+    const Tensor& da = b.attn->backward(branch_grad(1 + 2 * l), ctx);
+    kernels::add_inplace(dresid_, b.ln_1->backward(da, ctx));
+  }
+  dropout(dresid_, 0);
+  emb_->set_keep_token_grad(!lm_head_);
+  emb_->backward(dresid_, ctx);
+  ctx.need_input_grad = outer_need;
+  return kNone;
+}
+
+// ---- LanguageModelLoss -------------------------------------------------------------------------------------------
+
+double LanguageModelLoss::forward(const Tensor& logits, std::span<const int32_t>) {
+  const std::span<const int32_t> targets = model_.targets();
+  if (logits.ndim() != 2 || logits.dim(0) != static_cast<int64_t>(targets.size()))
+    throw Error("language-model loss: logits " + shape_str(logits.shape()) + " for " +
+                std::to_string(targets.size()) + " targets");
+  logits_ = logits;
+  return kernels::softmax_cross_entropy_forward(logits, targets, lse_) / static_cast<double>(model_.seq_len());
+}
+
+const Tensor& LanguageModelLoss::backward(float grad_scale) {
+  dlogits_.ensure(logits_.shape(), logits_.dtype(), logits_.device());
+  kernels::softmax_cross_entropy_backward(logits_, model_.targets(), lse_,
+                                          grad_scale / static_cast<float>(model_.seq_len()), dlogits_);
+  return dlogits_;
+}
+
+int32_t sample_next_token(std::span<const float> logits, float temperature, int top_k, float u) {
+  if (logits.empty()) throw Error("sample_next_token: no logits");
+  const int32_t V = static_cast<int32_t>(logits.size());
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int32_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
+  // Largest first; equal logits by ascending id (stable_sort keeps the id order).
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  if (!(temperature > 0.0f)) return order[0];
+  const size_t k = top_k > 0 ? std::min<size_t>(static_cast<size_t>(top_k), order.size()) : order.size();
+  const double mx = logits[order[0]];
+  std::vector<double> p(k);
+  double sum = 0.0;
+  for (size_t i = 0; i < k; ++i) {
+    p[i] = std::exp((static_cast<double>(logits[order[i]]) - mx) / temperature);
+    sum += p[i];
+  }
+  double target = static_cast<double>(u) * sum, acc = 0.0;
+  for (size_t i = 0; i < k; ++i) {
+    acc += p[i];
+    if (target < acc) return order[i];
+  }
+  return order[k - 1];
+}
+
+}  // namespace ampdist

@@ -1,0 +1,95 @@
+// GPT: a decoder-only transformer built from model.gpt (GPT-2's pre-LayerNorm layout, Radford et al. 2019):
+//
+//   x = dropout(wte[tokens] + wpe[positions])                      FP32 residual stream, [B*T, C]
+//   for each block l:  x += dropout(attn(ln_1(x)));  x += dropout(mlp(ln_2(x)))   mlp = c_proj(gelu(c_fc(.)))
+//   logits = ln_f(x) @ wte^T  (tied, GPT-2)  or  lm_head(ln_f(x))  [B*T, V], working dtype
+//
+// Parameter names follow nanoGPT: wte.weight, wpe.weight, h.0.ln_1.weight, h.0.attn.c_attn.weight, ...,
+// ln_f.weight, lm_head.weight (untied only).
+//
+// Input rows (what TokenWindowDataset produces): [B, T + 3] FP32, columns 0 .. T the window's T + 1 tokens (inputs
+// are 0 .. T-1, targets 1 .. T), columns T+1 and T+2 the window's dataset index (low 16 bits, high bits), which
+// keys the dropout masks. LanguageModelLoss reads the targets from the model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ampdist/config.pb.h"
+#include "runtime/nn/attention.h"
+#include "runtime/nn/embedding.h"
+#include "runtime/nn/layernorm.h"
+#include "runtime/nn/module.h"
+
+namespace ampdist {
+
+// Extra input columns after the T + 1 tokens: the dataset index (low 16 bits, high bits).
+constexpr int64_t kGptIndexColumns = 2;
+
+class GptModel : public Module {
+ public:
+  // seed: keys the dropout masks (train.seed). Throws Error (bad input) naming model.gpt.* for a bad config.
+  GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed);
+  ~GptModel() override;
+
+  const GptConfig& config() const { return cfg_; }
+  void collect_parameters(std::vector<Parameter*>& out) override;
+  // x: [B, seq_len + 3] as above. Returns logits [B * seq_len, V] in the LM head's dtype.
+  const Tensor& forward(const Tensor& x) override;
+  // dy: dlogits [B * T, V]. Returns an empty tensor (tokens have no gradient).
+  const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  void set_mode(bool training, int64_t step) override;
+  // Token ids and window indices are read on the host; the embedding kernel copies the ids to the GPU.
+  bool takes_host_input() const override { return true; }
+
+  // Inference on `batch` windows of t <= seq_len tokens each (no targets, no dropout): logits [batch * t, V].
+  const Tensor& logits(std::span<const int32_t> tokens, int64_t batch, int64_t t);
+  // Targets of the last forward(x): [B * T].
+  std::span<const int32_t> targets() const { return targets_; }
+  int64_t seq_len() const { return cfg_.seq_len(); }
+  // Per-window key masks for attention ([B*T], 1 = may be attended), for tests of masked rows; empty = causal only.
+  void set_key_mask(const std::vector<uint8_t>& mask);
+
+ private:
+  struct Block;
+  const Tensor& run(const Tensor& token_ids, int64_t t);
+  void dropout(Tensor& x, uint32_t site);
+
+  GptConfig cfg_;
+  uint64_t seed_;
+  bool training_ = false;
+  int64_t step_ = 0;
+  DType head_dtype_;
+  std::unique_ptr<Embedding> emb_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::unique_ptr<LayerNorm> ln_f_;
+  std::unique_ptr<Linear> lm_head_;  // untied only
+  std::vector<int32_t> targets_;
+  std::vector<uint32_t> sample_ids_;
+  std::vector<Tensor> resid_;  // resid_[k]: the residual stream after k branches (0: the embedding), FP32
+  Tensor ids_, h_cast_, logits_, dresid_, dbranch_, dh_;
+};
+
+// Cross-entropy of next-token prediction in FP32 (autocast "cross_entropy"), per window: forward returns the sum
+// over windows of the window's mean per-token loss in nats, so the trainer's division by the global number of
+// windows gives the mean loss per token (nats per byte for the byte vocabulary). The targets are the model's.
+class LanguageModelLoss : public Criterion {
+ public:
+  explicit LanguageModelLoss(const GptModel& model) : model_(model) {}
+  double forward(const Tensor& logits, std::span<const int32_t> unused_labels) override;
+  const Tensor& backward(float grad_scale) override;
+
+ private:
+  const GptModel& model_;
+  Tensor logits_, lse_, dlogits_;
+};
+
+// One draw from softmax(logits / temperature) restricted to the top_k largest logits (top_k <= 0: all), by
+// inverting the CDF at u in [0, 1) (FP32 logits, probabilities in double). temperature <= 0 picks the argmax. Ties
+// between equal logits go to the lower id, so the result is a pure function of its arguments.
+// logits: [V] FP32 (e.g. a row of GptModel::logits). Throws Error for empty logits.
+int32_t sample_next_token(std::span<const float> logits, float temperature, int top_k, float u);
+
+}  // namespace ampdist

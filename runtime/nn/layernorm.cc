@@ -1,0 +1,49 @@
+#include "runtime/nn/layernorm.h"
+
+#include "runtime/kernels/transformer.h"
+
+namespace ampdist {
+
+LayerNorm::LayerNorm(std::string name, int64_t channels, float eps)
+    : Module(std::move(name)), channels_(channels), eps_(eps) {
+  if (channels <= 0)
+    throw Error("LayerNorm " + this->name() + ": channels must be positive, got " + std::to_string(channels),
+                ErrorKind::kBadInput);
+  weight_.name = this->name() + ".weight";
+  weight_.shape = {channels};
+  weight_.init = ParamInit::kOnes;
+  bias_.name = this->name() + ".bias";
+  bias_.shape = {channels};
+  bias_.init = ParamInit::kZeros;
+}
+
+void LayerNorm::collect_parameters(std::vector<Parameter*>& out) {
+  out.push_back(&weight_);
+  out.push_back(&bias_);
+}
+
+const Tensor& LayerNorm::forward(const Tensor& x) {
+  if (x.ndim() != 2 || x.dim(1) != channels_)
+    throw Error("LayerNorm " + name() + ": input " + shape_str(x.shape()) + ", expected [N, " +
+                std::to_string(channels_) + "]");
+  x_ = x;
+  y_.ensure(x.shape(), DType::kFloat32, x.device());
+  mean_.ensure({x.dim(0)}, DType::kFloat32, x.device());
+  rstd_.ensure({x.dim(0)}, DType::kFloat32, x.device());
+  // Gain and bias are read from the FP32 master weights: the op runs in FP32 whatever the working dtype.
+  kernels::layernorm_forward(x, weight_.master, bias_.master, eps_, y_, mean_, rstd_);
+  return y_;
+}
+
+const Tensor& LayerNorm::backward(const Tensor& dy, GradContext& ctx) {
+  dx_.ensure(x_.shape(), DType::kFloat32, x_.device());
+  kernels::layernorm_backward(x_, weight_.master, mean_, rstd_, dy, dx_, false, weight_.grad, bias_.grad,
+                              ctx.accumulate);
+  if (ctx.on_grad_ready) {
+    ctx.on_grad_ready(weight_);
+    ctx.on_grad_ready(bias_);
+  }
+  return dx_;
+}
+
+}  // namespace ampdist
