@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "runtime/ampdist.h"
+#include "tests/gpu/gpu_test_util.h"
 #include "runtime/core/device.h"
 #include "runtime/kernels/device_ops.h"
 #include "runtime/kernels/step_math.h"
@@ -35,11 +36,6 @@
 
 namespace ampdist {
 namespace {
-
-#define REQUIRE_GPU()                                                                          \
-  do {                                                                                         \
-    if (device::device_count() == 0) GTEST_SKIP() << "no GPU: " << device::unavailable_reason(); \
-  } while (0)
 
 int world_size() {
   int n = 1;
@@ -76,12 +72,7 @@ Tensor host_tensor(const std::vector<float>& v, DType t, Shape shape = {}) {
   return out;
 }
 
-std::vector<float> floats(const Tensor& t) {
-  const Tensor h = t.device() == Device::kCPU ? t : t.to(Device::kCPU);
-  std::vector<float> v(h.numel());
-  for (int64_t i = 0; i < h.numel(); ++i) v[i] = h.item(i);
-  return v;
-}
+using testing::floats;
 
 using testing::bytes;
 

@@ -20,14 +20,10 @@
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/transformer.h"
 #include "runtime/nn/gpt.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace ampdist {
 namespace {
-
-#define REQUIRE_GPU()                                                                            \
-  do {                                                                                           \
-    if (device::device_count() == 0) GTEST_SKIP() << "no GPU: " << device::unavailable_reason(); \
-  } while (0)
 
 Tensor random_tensor(const Shape& shape, uint32_t stream, float lo = -1.0f, float hi = 1.0f) {
   Tensor t = Tensor::empty(shape, DType::kFloat32);
@@ -43,12 +39,7 @@ Tensor as(const Tensor& t, DType d) {
   return out;
 }
 
-std::vector<float> floats(const Tensor& t) {
-  const Tensor h = t.device() == Device::kCPU ? t : t.to(Device::kCPU);
-  std::vector<float> v(h.numel());
-  for (int64_t i = 0; i < h.numel(); ++i) v[i] = h.item(i);
-  return v;
-}
+using testing::floats;
 
 void expect_bitwise(const Tensor& got, const Tensor& want, const char* what) {
   const std::vector<float> a = floats(got), b = floats(want);

@@ -11,59 +11,22 @@
 #include <string>
 
 #include "runtime/kernels/cuda/cuda_ops.h"
+#include "runtime/kernels/cuda/device_access.cuh"
 #include "runtime/kernels/math.h"
 #include "runtime/kernels/step_math.h"
 
 namespace ampdist::cuda {
 namespace {
 
-// Launch errors become exceptions that dispatch turns into ampdist::Error (no Eigen here, so std::runtime_error,
-// rethrown by the caller in cuda_tensor_ops.cc with the op's name).
-void check_launch(const char* kernel) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("CUDA kernel ") + kernel + ": " + cudaGetErrorName(e) + " (" +
-                             cudaGetErrorString(e) + ")");
-}
-
-cudaStream_t st(Stream s) { return static_cast<cudaStream_t>(s); }
+using namespace detail;
 
 constexpr int kThreads = 256;
 // Reductions use this many blocks whatever the device, so their summation order (and result bits) is the same on
 // every GPU model and every rank.
 constexpr int kReduceBlocks = 256;
-
-int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
-}
-
-// ---- element access -------------------------------------------------------------------------------------------
-template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i);
-template <> __device__ __forceinline__ float ld<float>(const float* p, int64_t i) { return p[i]; }
-template <> __device__ __forceinline__ float ld<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
-template <> __device__ __forceinline__ float ld<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-template <typename T> __device__ __forceinline__ void stf(T* p, int64_t i, float v);
-template <> __device__ __forceinline__ void stf<float>(float* p, int64_t i, float v) { p[i] = v; }
-template <> __device__ __forceinline__ void stf<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-template <> __device__ __forceinline__ void stf<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-
-// Calls f(T{}) with T the device type of dtype code d (0 float, 1 __half, 2 __nv_bfloat16).
-template <typename F> void by_dtype(int d, F&& f) {
-  switch (d) {
-    case 1: f(__half{}); return;
-    case 2: f(__nv_bfloat16{}); return;
-    default: f(float{}); return;
-  }
-}
-
-#define GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+cudaStream_t st(Stream s) { return stream_of(s); }
+int blocks_for(int64_t n) { return detail::blocks_for(n, kThreads); }
+#define GRID_STRIDE(i, n) AMPDIST_GRID_STRIDE(i, n)
 
 // ---- casts, bias, rows ---------------------------------------------------------------------------------------------
 template <typename S, typename D> __global__ void k_cast(const S* src, D* dst, int64_t n) {

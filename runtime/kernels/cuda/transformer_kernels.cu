@@ -14,51 +14,24 @@
 
 #include "runtime/core/rng.h"
 #include "runtime/kernels/cuda/cuda_transformer_ops.h"
+#include "runtime/kernels/cuda/device_access.cuh"
 #include "runtime/kernels/math.h"
 
 namespace ampdist::cuda {
 namespace {
 
-void check_launch(const char* kernel) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("CUDA kernel ") + kernel + ": " + cudaGetErrorName(e) + " (" +
-                             cudaGetErrorString(e) + ")");
-}
-cudaStream_t st(Stream s) { return static_cast<cudaStream_t>(s); }
-constexpr int kThreads = 128;
-int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
-}
-#define GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+using namespace detail;
 
-template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i);
-template <> __device__ __forceinline__ float ld<float>(const float* p, int64_t i) { return p[i]; }
-template <> __device__ __forceinline__ float ld<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
-template <> __device__ __forceinline__ float ld<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-template <typename T> __device__ __forceinline__ void stf(T* p, int64_t i, float v);
-template <> __device__ __forceinline__ void stf<float>(float* p, int64_t i, float v) { p[i] = v; }
-template <> __device__ __forceinline__ void stf<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-template <> __device__ __forceinline__ void stf<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
+constexpr int kThreads = 128;
+cudaStream_t st(Stream s) { return stream_of(s); }
+int blocks_for(int64_t n) { return detail::blocks_for(n, kThreads); }
+#define GRID_STRIDE(i, n) AMPDIST_GRID_STRIDE(i, n)
+
 // x rounded to dtype code d and back.
 __device__ __forceinline__ float round_to(float x, int d) {
   if (d == 1) return __half2float(__float2half_rn(x));
   if (d == 2) return __bfloat162float(__float2bfloat16_rn(x));
   return x;
-}
-template <typename F> void by_dtype(int d, F&& f) {
-  switch (d) {
-    case 1: f(__half{}); return;
-    case 2: f(__nv_bfloat16{}); return;
-    default: f(float{}); return;
-  }
 }
 
 // ---- embedding ---------------------------------------------------------------------------------------------------
