@@ -13,25 +13,10 @@
 #include "runtime/kernels/math.h"
 #include "runtime/kernels/transformer.h"
 #include "runtime/kernels/transformer_backends.h"
+#include "runtime/kernels/transformer_checks.h"
 
 namespace ampdist::kernels::cpu {
 namespace {
-
-void require_cpu(const char* op, const Tensor& t) {
-  if (t.device() != Device::kCPU)
-    throw Error(std::string(op) + ": tensor on " + device_name(t.device()) + ", this build has only the CPU backend");
-}
-
-void require_shape(const char* op, const char* what, const Tensor& t, const Shape& want) {
-  require_cpu(op, t);
-  if (t.shape() != want)
-    throw Error(std::string(op) + ": " + what + " is " + shape_str(t.shape()) + ", expected " + shape_str(want));
-}
-
-void require_fp32(const char* op, const char* what, const Tensor& t) {
-  if (t.dtype() != DType::kFloat32)
-    throw Error(std::string(op) + ": " + what + " must be fp32, got " + dtype_name(t.dtype()));
-}
 
 // t as FP32: its own data, or an exact conversion into `scratch` (grown once to the largest request).
 const float* fp32_of(const Tensor& t, std::vector<float>& scratch) {
@@ -70,29 +55,13 @@ float round_to(float x, DType dtype) {
 
 void embedding_forward(std::span<const int32_t> tokens, int64_t seq_len, const Tensor& wte, const Tensor& wpe,
                        Tensor& out) {
-  const char* op = "embedding_forward";
-  require_cpu(op, wte);
-  require_cpu(op, wpe);
-  require_fp32(op, "wte", wte);
-  require_fp32(op, "wpe", wpe);
-  if (wte.ndim() != 2 || wpe.ndim() != 2 || wte.dim(1) != wpe.dim(1))
-    throw Error(std::string(op) + ": wte " + shape_str(wte.shape()) + " and wpe " + shape_str(wpe.shape()) +
-                " must be [V, C] and [T_max, C]");
-  const int64_t n = static_cast<int64_t>(tokens.size()), c = wte.dim(1), v = wte.dim(0);
-  if (seq_len <= 0 || seq_len > wpe.dim(0) || n % seq_len != 0)
-    throw Error(std::string(op) + ": " + std::to_string(n) + " tokens are not windows of " +
-                std::to_string(seq_len) + " <= " + std::to_string(wpe.dim(0)) + " positions");
-  require_shape(op, "out", out, {n, c});
-  require_fp32(op, "out", out);
+  checks::embedding_forward(tokens, seq_len, wte, wpe, out, Device::kCPU);  // tokens included
+  const int64_t n = static_cast<int64_t>(tokens.size()), c = wte.dim(1);
   const float* te = wte.data_as<float>();
   const float* pe = wpe.data_as<float>();
   float* y = out.data_as<float>();
   for (int64_t r = 0; r < n; ++r) {
     const int32_t tok = tokens[static_cast<size_t>(r)];
-    if (tok < 0 || tok >= v)
-      throw Error(std::string(op) + ": token " + std::to_string(tok) + " at position " + std::to_string(r) +
-                      " is outside the vocabulary [0, " + std::to_string(v) + ")",
-                  ErrorKind::kBadInput);
     const float* a = te + static_cast<int64_t>(tok) * c;
     const float* b = pe + (r % seq_len) * c;
     float* o = y + r * c;
@@ -102,15 +71,8 @@ void embedding_forward(std::span<const int32_t> tokens, int64_t seq_len, const T
 
 void embedding_backward(std::span<const int32_t> tokens, int64_t seq_len, const Tensor& dout, Tensor& dwte,
                         bool overwrite_wte, Tensor& dwpe, bool overwrite_wpe) {
-  const char* op = "embedding_backward";
-  require_cpu(op, dout);
-  require_fp32(op, "dwte", dwte);
-  require_fp32(op, "dwpe", dwpe);
+  checks::embedding_backward(tokens, seq_len, dout, dwte, dwpe, Device::kCPU);
   const int64_t n = static_cast<int64_t>(tokens.size()), c = dwte.dim(1);
-  require_shape(op, "dout", dout, {n, c});
-  if (dwpe.dim(1) != c || seq_len > dwpe.dim(0))
-    throw Error(std::string(op) + ": dwpe " + shape_str(dwpe.shape()) + " does not match " + std::to_string(c) +
-                " channels and " + std::to_string(seq_len) + " positions");
   thread_local std::vector<float> scratch;
   const float* g = fp32_of(dout, scratch);
   float* dte = dwte.data_as<float>();
@@ -135,19 +97,8 @@ void embedding_backward(std::span<const int32_t> tokens, int64_t seq_len, const 
 
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                        Tensor& rstd) {
-  const char* op = "layernorm_forward";
-  require_cpu(op, x);
-  if (x.ndim() != 2) throw Error(std::string(op) + ": x is " + shape_str(x.shape()) + ", expected [N, C]");
+  checks::layernorm_forward(x, gamma, beta, y, mean, rstd, Device::kCPU);
   const int64_t n = x.dim(0), c = x.dim(1);
-  require_shape(op, "gamma", gamma, {c});
-  require_shape(op, "beta", beta, {c});
-  require_fp32(op, "gamma", gamma);
-  require_fp32(op, "beta", beta);
-  require_shape(op, "y", y, {n, c});
-  require_shape(op, "mean", mean, {n});
-  require_shape(op, "rstd", rstd, {n});
-  require_fp32(op, "mean", mean);
-  require_fp32(op, "rstd", rstd);
   thread_local std::vector<float> xs, ys;
   const float* xp = fp32_of(x, xs);
   float* yp = fp32_out(y, ys);
@@ -175,16 +126,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                         const Tensor& dy, Tensor& dx, bool accumulate_dx, Tensor& dgamma, Tensor& dbeta,
                         bool accumulate_params) {
-  const char* op = "layernorm_backward";
-  require_cpu(op, x);
+  checks::layernorm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, Device::kCPU);
   const int64_t n = x.dim(0), c = x.dim(1);
-  require_shape(op, "dy", dy, {n, c});
-  require_shape(op, "dx", dx, {n, c});
-  require_fp32(op, "dx", dx);
-  require_shape(op, "dgamma", dgamma, {c});
-  require_shape(op, "dbeta", dbeta, {c});
-  require_fp32(op, "dgamma", dgamma);
-  require_fp32(op, "dbeta", dbeta);
   thread_local std::vector<float> xs, dys;
   const float* xp = fp32_of(x, xs);
   const float* gp = fp32_of(dy, dys);
@@ -224,27 +167,11 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
 
 // ---- attention -------------------------------------------------------------------------------------------------
 
-namespace {
-void check_attention(const char* op, const Tensor& qkv, const AttentionShape& s) {
-  require_cpu(op, qkv);
-  if (s.batch < 0 || s.seq_len <= 0 || s.n_head <= 0 || s.head_dim <= 0)
-    throw Error(std::string(op) + ": bad shape B=" + std::to_string(s.batch) + " T=" + std::to_string(s.seq_len) +
-                " H=" + std::to_string(s.n_head) + " hs=" + std::to_string(s.head_dim));
-  require_shape(op, "qkv", qkv, {s.batch * s.seq_len, 3 * s.channels()});
-}
-}  // namespace
 
 void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
                        DType pv_dtype, Tensor& probs, Tensor& out) {
-  const char* op = "attention_forward";
-  check_attention(op, qkv, s);
+  checks::attention_forward(qkv, s, key_mask, probs, out, Device::kCPU);
   const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
-  require_shape(op, "probs", probs, {B, H, T, T});
-  require_fp32(op, "probs", probs);
-  require_shape(op, "out", out, {B * T, C});
-  if (!key_mask.empty() && static_cast<int64_t>(key_mask.size()) != B * T)
-    throw Error(std::string(op) + ": key_mask has " + std::to_string(key_mask.size()) + " entries, expected " +
-                std::to_string(B * T));
   thread_local std::vector<float> qs, os, row, acc, kt, vh, pr;
   const float* q = fp32_of(qkv, qs);
   float* o = fp32_out(out, os);
@@ -313,13 +240,8 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
 
 void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionShape& s, DType pv_dtype,
                         const Tensor& dout, Tensor& dqkv) {
-  const char* op = "attention_backward";
-  check_attention(op, qkv, s);
+  checks::attention_backward(qkv, probs, s, dout, dqkv, Device::kCPU);
   const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
-  require_shape(op, "probs", probs, {B, H, T, T});
-  require_fp32(op, "probs", probs);
-  require_shape(op, "dout", dout, {B * T, C});
-  require_shape(op, "dqkv", dqkv, {B * T, 3 * C});
   thread_local std::vector<float> qs, gs, ds, dp;
   const float* q = fp32_of(qkv, qs);
   const float* g = fp32_of(dout, gs);
@@ -373,13 +295,7 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
 
 void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const uint32_t> sample_ids,
                      int64_t seq_len) {
-  const char* op = "dropout_inplace";
-  require_cpu(op, x);
-  if (!(p >= 0.0f && p < 1.0f)) throw Error(std::string(op) + ": p must be in [0, 1), got " + std::to_string(p));
-  if (p == 0.0f) return;
-  if (x.ndim() != 2 || seq_len <= 0 || x.dim(0) != static_cast<int64_t>(sample_ids.size()) * seq_len)
-    throw Error(std::string(op) + ": x " + shape_str(x.shape()) + " is not " + std::to_string(sample_ids.size()) +
-                " windows of " + std::to_string(seq_len) + " rows");
+  if (!checks::dropout(x, p, sample_ids, seq_len, Device::kCPU)) return;
   const int64_t n = x.dim(0), c = x.dim(1);
   const float inv_keep = 1.0f / (1.0f - p);
   thread_local std::vector<float> xs;
@@ -397,12 +313,7 @@ void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const 
 // ---- residual --------------------------------------------------------------------------------------------------
 
 void add_inplace(Tensor& x, const Tensor& y) {
-  const char* op = "add_inplace";
-  require_cpu(op, x);
-  require_cpu(op, y);
-  require_fp32(op, "x", x);
-  if (x.numel() != y.numel())
-    throw Error(std::string(op) + ": element counts differ: " + shape_str(x.shape()) + " vs " + shape_str(y.shape()));
+  checks::add_inplace(x, y, Device::kCPU);
   thread_local std::vector<float> ys;
   const float* b = fp32_of(y, ys);
   float* a = x.data_as<float>();
