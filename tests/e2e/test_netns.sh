@@ -129,11 +129,21 @@ else
   show "$TMP/cut.txt"
 fi
 wait
+# mpirun returns as soon as it has given up on hostB; hostB's ranks, cut off from it, end by their own watchdog
+# (comm.timeout_s = 10 s after their last collective began) or when their daemon notices the lost link. Allow that
+# long plus margin before calling anything a leftover.
 left=""
-for pid in $(ip netns pids "$NS_A" 2> /dev/null) $(ip netns pids "$NS_B" 2> /dev/null); do
-  left+="$(cat "/proc/$pid/comm" 2> /dev/null)($pid) "
+for _ in $(seq 1 200); do
+  left=""
+  for pid in $(ip netns pids "$NS_A" 2> /dev/null) $(ip netns pids "$NS_B" 2> /dev/null); do
+    left+="$(cat "/proc/$pid/comm" 2> /dev/null)($pid) "
+  done
+  [ -z "$left" ] && break
+  sleep 0.1
 done
-[ -z "$left" ] && ok "no rank or daemon left running on either host" || not_ok "leftovers" "$left"
+gone_after=$(($(date +%s) - cut_at))
+[ -z "$left" ] && ok "no rank or daemon left running on either host ${gone_after} s after the cut" ||
+  not_ok "leftovers ${gone_after} s after the cut (comm.timeout_s is 10 s)" "$left"
 
 ip -n "$NS_B" link set "$IF_B" up
 on_two_hosts 300 "$TMP/resume.txt" "$AMPDIST" train "${common[@]}" --run-dir "$TMP/cut" --resume auto ||
