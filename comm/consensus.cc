@@ -25,7 +25,7 @@ Agreement Consensus::agree(bool local_found_inf, const LossScaler& scaler, bool 
       o << " rank " << r << " S=" << sr << (r + 1 < all.size() ? "," : "");
     }
     if (v[3] != -v[4]) o << "; growth trackers differ too";
-    throw Error(o.str());
+    throw Error(o.str()).set_collective();
   }
   return Agreement{v[0] > 0.0, v[5] > 0.0};
 }

@@ -71,7 +71,7 @@ int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
     trainer = make_trainer(cfg, comm);
   } catch (const Error& e) {
     code = e.exit_code();
-    message = e.what();
+    message = e.in_source(args.config);
   }
   // Set-up is local to each rank; agree before the first collective so that no rank waits on one that failed.
   int64_t v[1] = {code};

@@ -94,6 +94,29 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--precision", gen.precision, "working dtype fp32, fp16 or bf16 (default: the checkpoint's)");
   gen_cmd->add_option("--device", gen.device, "cpu, cuda or auto (default: AMPDIST_DEVICE, else auto)");
 
+  // CLI11 answers a misspelt subcommand ("ampdist trian") with only "A subcommand is required": name the word and
+  // the choices instead, at every level that takes a subcommand (ampdist, ampdist ckpt).
+  {
+    CLI::App* level = &app;
+    for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+      const std::vector<CLI::App*> subs = level->get_subcommands([](CLI::App*) { return true; });
+      if (subs.empty()) break;
+      CLI::App* next = nullptr;
+      std::string names;
+      for (CLI::App* sub : subs) {
+        if (sub->get_name() == argv[i]) next = sub;
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      }
+      if (!next) {
+        const std::string parent = level == &app ? "ampdist" : "ampdist " + level->get_name();
+        if (rank == 0)
+          std::fprintf(stderr, "ampdist: error: %s: unknown command '%s' (expected one of: %s; see %s --help)\n",
+                       parent.c_str(), argv[i], names.c_str(), parent.c_str());
+        return 2;
+      }
+      level = next;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -59,30 +59,22 @@ std::vector<std::string> lint_model(Trainer& t) {
   return lint_config(t.config(), t.working_dtype(), in, classes, t.micro_batch_size());
 }
 
-std::string scaler_desc(const LossScaler& s) {
-  switch (s.mode()) {
-    case LossScaler::Mode::kDynamic: return fmt::format("dynamic loss scale {:g}", s.scale());
-    case LossScaler::Mode::kStatic: return fmt::format("static loss scale {:g}", s.scale());
-    case LossScaler::Mode::kNone: break;
-  }
-  return "no loss scaling";
-}
-
 }  // namespace
 
 // Runs one set-up phase of a rank, recording a failure as an exit code and message instead of throwing, so that
-// every rank reaches the agreement that follows it.
+// every rank reaches the agreement that follows it. A config error raised where the file is not known
+// (ConfigInput) is named after `source`, the config file.
 struct PhaseResult {
   int code = 0;
   std::string message;
   bool secondary = false;
 };
-template <typename F> void run_phase(PhaseResult& r, F&& f) {
+template <typename F> void run_phase(PhaseResult& r, const std::string& source, F&& f) {
   try {
     f();
   } catch (const Error& e) {
     r.code = e.exit_code();
-    r.message = e.what();
+    r.message = e.in_source(source);
     r.secondary = e.secondary();
   } catch (const std::exception& e) {
     r.code = 1;
@@ -95,8 +87,9 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   Device device = Device::kCPU;
   std::unique_ptr<Trainer> trainer;
   PhaseResult setup;
-  std::string run_dir, checkpoint_dir, resumed_from;
-  run_phase(setup, [&] {
+  std::string run_dir, checkpoint_dir, resumed_from, resume_note;
+  std::string source = args.config;
+  run_phase(setup, source, [&] {
     cfg = parse_config_file(args.config);
     if (!args.precision.empty()) {
       const std::string p = to_upper(args.precision);
@@ -120,7 +113,10 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       cfg.mutable_fault()->MergeFrom(f.fault());
     }
     const bool overridden = !args.sets.empty() || !args.precision.empty();
-    validate_config(cfg, args.config + (overridden ? " (with command-line overrides)" : ""));
+    if (overridden) source += " (with command-line overrides)";
+    validate_config(cfg, source);
+    if (!args.run_dir.empty()) check_text(args.run_dir, "--run-dir");
+    if (!args.resume.empty()) check_text(args.resume, "--resume");
     comm.set_timeout(cfg.comm().timeout_s());
     run_dir = !args.run_dir.empty() ? args.run_dir : !cfg.log().dir().empty() ? cfg.log().dir() : "runs/" + cfg.name();
     checkpoint_dir = !cfg.checkpoint().dir().empty() ? cfg.checkpoint().dir() : run_dir + "/checkpoints";
@@ -152,7 +148,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   std::unique_ptr<NcclCommunicator> nccl;
 #endif
   PhaseResult build;
-  run_phase(build, [&] {
+  run_phase(build, source, [&] {
 #ifdef AMPDIST_HAVE_CUDA
     if (device == Device::kCUDA) {
       nccl = std::make_unique<NcclCommunicator>(comm.comm(), cfg.comm().timeout_s());
@@ -165,7 +161,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
 
   comm.set_progress_dir(run_dir + "/.ranks");
   PhaseResult resume;
-  run_phase(resume, [&] {
+  run_phase(resume, source, [&] {
     // One run id for every rank: rank 0's random draw.
     const uint64_t id = comm.allgather_u64(std::random_device{}() * 0x100000000ull + std::random_device{}(),
                                            "run id gather")[0];
@@ -180,7 +176,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       if (path) {
         CheckpointState state = trainer->checkpoint_state();
         const Manifest m = load_checkpoint(comm, *path, state);
-        trainer->restore(m);
+        resume_note = trainer->restore(m);
         resumed_from = *path + " (step " + std::to_string(m.step()) + ", saved on " + std::to_string(m.world_size()) +
                        " ranks, master weights hash " + hex16(trainer->masters().hash()) + ")";
       }
@@ -198,7 +194,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     }
     std::cout << fmt::format("ampdist train: {} | world size {} ({}) | {} | {} | {}\n", cfg.name(), comm.world_size(),
                              describe_launcher(), where, dtype_name(trainer->working_dtype()),
-                             scaler_desc(trainer->scaler()));
+                             trainer->scaler().describe());
     std::cout << fmt::format(
         "model: {} parameters, {} gradient buckets | global batch {} = {} ranks x {} micro-batches x {} | {} steps "
         "({} per epoch) | run dir {}\n",
@@ -210,6 +206,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     for (const std::string& w : lint_model(*trainer)) std::cout << "warning: " << w << "\n";
     if (!resumed_from.empty())
       std::cout << "resumed from " << resumed_from << "\n";
+    if (!resume_note.empty()) std::cout << resume_note << "\n";
     else if (args.resume == "auto")
       std::cout << "no checkpoint in " << checkpoint_dir << ": starting fresh\n";
     std::cout << std::flush;
@@ -224,9 +221,19 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     // be a pty even when the user's is a file, so launched ranks print plain lines.
     opt.tty = rank0 && comm.world_size() == 1 && describe_launcher() == "single process" && isatty(STDOUT_FILENO);
     opt.checkpoint_dir = checkpoint_dir;
+    opt.resume_note = resume_note;
     s = run_training(*trainer, opt);
   } catch (const std::exception& e) {
     const Error* err = dynamic_cast<const Error*>(&e);
+    if (err && err->collective()) {
+      // Every rank stopped here on the same agreed state: one line from rank 0, and every rank exits with the same
+      // code once all have arrived (a rank that did not would be named by the watchdog within comm.timeout_s).
+      if (comm.rank() == 0) print_error(0, false, e.what());
+      int64_t code[1] = {err->exit_code()};
+      comm.allreduce_i64(code, ReduceOp::kMax, "error agreement all-reduce");
+      trainer.reset();
+      return static_cast<int>(code[0]);
+    }
     print_error(comm.rank(), comm.world_size() > 1, e.what());
     comm.abort(err ? err->exit_code() : 1);
   }

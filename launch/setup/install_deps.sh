@@ -13,7 +13,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libeigen3-dev libopenblas-dev
   zlib1g-dev libxxhash-dev librandom123-dev
-  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libutfcpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-numpy python3-venv python3-pip
   dataset-fashion-mnist

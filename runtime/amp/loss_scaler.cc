@@ -36,6 +36,16 @@ LossScaler LossScaler::from_config(const PrecisionConfig& cfg, DTypeName resolve
   return s;
 }
 
+std::string LossScaler::describe() const {
+  std::ostringstream o;
+  switch (mode_) {
+    case Mode::kDynamic: o << "dynamic loss scale " << state_.scale; break;
+    case Mode::kStatic: o << "static loss scale " << state_.scale; break;
+    case Mode::kNone: o << "no loss scaling"; break;
+  }
+  return o.str();
+}
+
 ScalerRule LossScaler::rule() const {
   ScalerRule r;
   r.dynamic = mode_ == Mode::kDynamic;
@@ -73,7 +83,7 @@ void LossScaler::throw_status(int32_t status) const {
       << cfg_.min_scale() << ", after " << state_.skipped_steps << " skipped steps: the gradients overflow at every "
       << "scale; try a lower optimizer.lr, bf16, or precision.fp32_layers for the layer that overflows";
   }
-  throw Error(o.str());
+  throw Error(o.str()).set_collective();  // the state follows from agreed flags only
 }
 
 void LossScaler::update(bool found_inf) {

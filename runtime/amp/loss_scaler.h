@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ampdist/config.pb.h"
 #include "runtime/kernels/step_math.h"
@@ -40,6 +41,8 @@ class LossScaler {
   static LossScaler from_config(const PrecisionConfig& cfg, DTypeName resolved_dtype);
 
   Mode mode() const { return mode_; }
+  // "dynamic loss scale 65536", "static loss scale 128" or "no loss scaling".
+  std::string describe() const;
   float scale() const { return state_.scale; }
   float inv_scale() const { return 1.0f / state_.scale; }
   const LossScalerState& state() const { return state_; }

@@ -426,8 +426,9 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
       std::error_code ec;
       fs::remove_all(tmp, ec);
     }
-    throw Error("checkpoint " + final_path.string() + " not saved: " +
-                (who.empty() ? error : who) + (failed[0] > 1 ? " (and " + std::to_string(failed[0] - 1) + " more)" : ""));
+    throw Error("checkpoint " + final_path.string() + " not saved: " + (who.empty() ? error : who) +
+                (failed[0] > 1 ? " (and " + std::to_string(failed[0] - 1) + " more)" : ""))
+        .set_collective();
   }
 
   if (rank == 0) {
@@ -469,7 +470,8 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
   }
   int64_t published[1] = {error.empty() ? 0 : 1};
   comm.allreduce_i64(published, ReduceOp::kSum, "checkpoint publish all-reduce");
-  if (published[0] > 0) throw Error(error.empty() ? "checkpoint " + final_path.string() + " not published" : error);
+  if (published[0] > 0)  // rank 0 holds the reason, and rank 0 reports a collective error
+    throw Error(error.empty() ? "checkpoint " + final_path.string() + " not published" : error).set_collective();
   return final_path.string();
 }
 

@@ -25,15 +25,39 @@ class Error : public std::runtime_error {
   // not the one to print.
   bool secondary() const { return secondary_; }
   void set_secondary() { secondary_ = true; }
+  // Every rank throws this same error at the same point, because it follows from agreed state (the consensus, a
+  // gathered verdict): one rank (rank 0) reports it for all, and no rank needs to abort the others.
+  bool collective() const { return collective_; }
+  Error& set_collective() {
+    collective_ = true;
+    return *this;
+  }
+  // Bad input in a config field, thrown by code that does not know which file the config came from (ConfigInput):
+  // what() reads "config: <detail>", and the program that read the file reports "<file>: <detail>" (in_source).
+  bool config_relative() const { return !config_detail_.empty(); }
+  std::string in_source(const std::string& source) const {
+    return config_relative() ? source + ": " + config_detail_ : what();
+  }
 
  private:
   ErrorKind kind_;
   bool secondary_ = false;
+  bool collective_ = false;
+  std::string config_detail_;
+  friend Error ConfigInput(const std::string& what);
 };
 
 // Bad input named by its source: `BadInput("configs/x.pbtxt", "optimizer.lr must be > 0, got -1")`.
 inline Error BadInput(const std::string& where, const std::string& what) {
   return Error(where + ": " + what, ErrorKind::kBadInput);
+}
+
+// Bad input in a config field where the config's source is not known: `ConfigInput("data.global_batch_size = 100 is
+// not a multiple of world size 3")`; see Error::in_source.
+inline Error ConfigInput(const std::string& what) {
+  Error e("config: " + what, ErrorKind::kBadInput);
+  e.config_detail_ = what;
+  return e;
 }
 
 }  // namespace ampdist

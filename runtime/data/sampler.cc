@@ -16,17 +16,17 @@ DistributedSampler::DistributedSampler(const SamplerOptions& opt) : opt_(opt) {
   // World size and rank come from the launcher, not from the user: a bad one is a bug.
   AMPDIST_CHECK(w >= 1 && opt.rank >= 0 && opt.rank < w,
                 "rank " + std::to_string(opt.rank) + " of world size " + std::to_string(w));
-  if (n <= 0) throw BadInput("data", "the training set has no samples");
+  if (n <= 0) throw ConfigInput("data: the training set has no samples");
   // The Fisher-Yates draw (bits * (i + 1)) >> 32 needs i + 1 <= 2^32.
-  if (n > (int64_t{1} << 32)) throw BadInput("data", "the training set has more than 2^32 samples");
-  if (a < 1) throw BadInput("config", "optimizer.accumulation_steps must be >= 1, got " + std::to_string(a));
-  if (g <= 0) throw BadInput("config", "data.global_batch_size must be > 0, got " + std::to_string(g));
+  if (n > (int64_t{1} << 32)) throw ConfigInput("data: the training set has more than 2^32 samples");
+  if (a < 1) throw ConfigInput("optimizer.accumulation_steps must be >= 1, got " + std::to_string(a));
+  if (g <= 0) throw ConfigInput("data.global_batch_size must be > 0, got " + std::to_string(g));
   if (g % (w * a) != 0)
-    throw BadInput("config", "data.global_batch_size = " + std::to_string(g) + " is not a multiple of world size " +
+    throw ConfigInput("data.global_batch_size = " + std::to_string(g) + " is not a multiple of world size " +
                                  std::to_string(w) + " x optimizer.accumulation_steps " + std::to_string(a) +
                                  " = " + std::to_string(w * a));
   if (opt.drop_last && n < g)
-    throw BadInput("config", "data.global_batch_size = " + std::to_string(g) + " is larger than the training set (" +
+    throw ConfigInput("data.global_batch_size = " + std::to_string(g) + " is larger than the training set (" +
                                  std::to_string(n) + " samples) with data.drop_last = true: an epoch has no step");
   micro_ = g / (w * a);
   steps_ = opt.drop_last ? n / g : (n + g - 1) / g;

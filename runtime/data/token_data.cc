@@ -108,7 +108,7 @@ void write_token_file(const std::string& path, const TokenStream& s) {
 
 TextSplit split_text(const std::vector<std::string>& paths, double val_fraction) {
   if (!(val_fraction >= 0.0 && val_fraction < 1.0))
-    throw BadInput("config", "val_fraction must be in [0, 1), got " + std::to_string(val_fraction));
+    throw ConfigInput("data.text.val_fraction must be in [0, 1), got " + std::to_string(val_fraction));
   std::vector<std::string> files;
   for (const std::string& p : paths) {
     std::error_code ec;
@@ -154,7 +154,9 @@ TextSplit split_text(const std::vector<std::string>& paths, double val_fraction)
     }
     add_doc(text.data() + start, text.size() - start);
   }
-  if (out.train.empty()) throw BadInput(paths.empty() ? "config" : paths[0], "no training text found");
+  if (out.train.empty())
+    throw paths.empty() ? ConfigInput("data.text.paths: no training text found")
+                        : BadInput(paths[0], "no training text found");
   return out;
 }
 
@@ -199,8 +201,8 @@ DatasetPair load_token_datasets(const DataConfig& cfg, int64_t seq_len, int32_t 
   std::string train_where, val_where;
   if (cfg.has_tokens()) {
     const TokenFileConfig& c = cfg.tokens();
-    if (c.train().empty()) throw BadInput("config", "data.tokens.train must name a token file");
-    if (c.val().empty()) throw BadInput("config", "data.tokens.val must name a token file");
+    if (c.train().empty()) throw ConfigInput("data.tokens.train must name a token file");
+    if (c.val().empty()) throw ConfigInput("data.tokens.val must name a token file");
     TokenStream t = read_token_file(c.train()), v = read_token_file(c.val());
     train = std::make_shared<std::vector<uint16_t>>(std::move(t.tokens));
     val = std::make_shared<std::vector<uint16_t>>(std::move(v.tokens));
@@ -209,7 +211,7 @@ DatasetPair load_token_datasets(const DataConfig& cfg, int64_t seq_len, int32_t 
     val_where = c.val();
   } else if (cfg.has_text()) {
     const TextDatasetConfig& c = cfg.text();
-    if (c.paths().empty()) throw BadInput("config", "data.text.paths must name at least one file or directory");
+    if (c.paths().empty()) throw ConfigInput("data.text.paths must name at least one file or directory");
     TextSplit s = split_text({c.paths().begin(), c.paths().end()}, c.val_fraction());
     train = std::make_shared<std::vector<uint16_t>>(std::move(s.train));
     val = std::make_shared<std::vector<uint16_t>>(std::move(s.val));
@@ -217,9 +219,9 @@ DatasetPair load_token_datasets(const DataConfig& cfg, int64_t seq_len, int32_t 
     train_where = "data.text (training split)";
     val_where = "data.text (validation split)";
   } else {
-    throw BadInput("config", "data: a gpt model reads data { tokens { ... } } or data { text { ... } }");
+    throw ConfigInput("data: a gpt model reads data { tokens { ... } } or data { text { ... } }");
   }
-  if (stride < 0) throw BadInput("config", "data stride must be >= 0, got " + std::to_string(stride));
+  if (stride < 0) throw ConfigInput("data stride must be >= 0, got " + std::to_string(stride));
   DatasetPair p;
   p.train = std::make_shared<TokenWindowDataset>(train, seq_len, stride > 0 ? stride : seq_len, vocab_size,
                                                  train_where);

@@ -50,6 +50,13 @@ struct ScalerRule {
 };
 enum ScalerStatus : int32_t { kScalerOk = 0, kScalerBelowMinScale = 1, kScalerTooManySkips = 2 };
 
+// A loss scale the step's arithmetic can honour: a finite, normal, positive FP32 number. Then 1/S is finite too
+// (1/FLT_MIN = 2^126 < FLT_MAX), so unscaling never multiplies by inf, and a backoff that would leave this range is
+// caught by min_scale (itself in this range), never stored.
+AMPDIST_HOST_DEVICE bool is_valid_loss_scale(float s) {
+  return s >= 1.17549435e-38f && s <= 3.40282347e+38f;  // [FLT_MIN, FLT_MAX]; false for NaN
+}
+
 // One update of the loss scaler with the agreed found_inf (GradScaler's rule, with Megatron-LM's hysteresis and
 // minimum; see runtime/amp/loss_scaler.h). Returns kScalerOk, or why the run must stop: then the state holds the
 // counters of this step and the scale it had (nothing below min_scale is ever stored).
@@ -64,14 +71,19 @@ AMPDIST_HOST_DEVICE int32_t scaler_update(ScalerScalars& s, const ScalerRule& r,
   if (found_inf) {
     s.growth_tracker = 0;
     if (--s.hysteresis_tracker <= 0) {
+      // Below min_scale (a normal float, so no subnormal is ever stored), or no lower at all: a backoff factor just
+      // under 1 at the bottom of the normal range rounds back to the same scale, which would skip forever.
       const float next = s.scale * r.backoff_factor;
-      if (next < r.min_scale) return kScalerBelowMinScale;
+      if (!(next >= r.min_scale) || !(next < s.scale)) return kScalerBelowMinScale;
       s.scale = next;
     }
     return kScalerOk;
   }
   if (++s.growth_tracker == r.growth_interval) {
-    s.scale *= r.growth_factor;
+    // GradScaler keeps the old scale when the grown one is not finite (torch's _amp_update_scale_): the scale stays
+    // a finite, normal float whatever the growth factor and the number of growth intervals.
+    const float next = s.scale * r.growth_factor;
+    if (is_valid_loss_scale(next)) s.scale = next;
     s.growth_tracker = 0;
     s.hysteresis_tracker = r.hysteresis;
   }

@@ -19,7 +19,7 @@ void copy_fp32(const Tensor& src, Tensor& dst) {
 
 void check_config(const GptConfig& c) {
   auto bad = [](const std::string& field, const std::string& what) {
-    return BadInput("config", "model.gpt." + field + " " + what);
+    return ConfigInput("model.gpt." + field + " " + what);
   };
   if (c.n_layer() < 0) throw bad("n_layer", "must be >= 0, got " + std::to_string(c.n_layer()));
   if (c.n_head() <= 0) throw bad("n_head", "must be > 0, got " + std::to_string(c.n_head()));

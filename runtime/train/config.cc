@@ -7,6 +7,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
+#include <utf8cpp/utf8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "runtime/amp/autocast.h"
 #include "runtime/core/error.h"
+#include "runtime/kernels/step_math.h"
 
 namespace ampdist {
 namespace {
@@ -33,6 +35,11 @@ class FirstError : public pb::io::ErrorCollector {
  private:
   std::string message_;
 };
+
+std::string fmt_hex_byte(unsigned char c) {
+  const char* digits = "0123456789abcdef";
+  return {digits[c >> 4], digits[c & 15]};
+}
 
 template <typename T>
 std::string str(T v) {
@@ -183,7 +190,44 @@ DTypeName dtype_to_name(DType t) {
   return FP32;
 }
 
+void check_text(const std::string& value, const std::string& where) {
+  const auto bad = utf8::find_invalid(value.begin(), value.end());
+  const size_t nul = value.find('\0');
+  if (bad == value.end() && nul == std::string::npos) return;
+  const size_t at = bad != value.end() ? static_cast<size_t>(bad - value.begin()) : nul;
+  std::string shown;  // the value with every byte that is not printable ASCII as '?'
+  for (unsigned char c : value.substr(0, 80)) shown += c >= 0x20 && c < 0x7f ? static_cast<char>(c) : '?';
+  throw Error(where + ": " + (bad != value.end() ? "not valid UTF-8" : "holds a NUL byte") + " (byte 0x" +
+                  fmt_hex_byte(static_cast<unsigned char>(value[at])) + " at offset " + std::to_string(at) + " of \"" +
+                  shown + "\")",
+              ErrorKind::kBadInput);
+}
+
+namespace {
+
+// check_text over every string field of `m` (not bytes), naming it by its path: "data.text.paths[1]".
+void check_strings(const pb::Message& m, const std::string& prefix, const std::string& source) {
+  const pb::Reflection* r = m.GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const pb::FieldDescriptor* f : fields) {
+    const std::string name = prefix + f->name();
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string at = f->is_repeated() ? name + "[" + std::to_string(i) + "]" : name;
+      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+        check_strings(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f), at + ".", source);
+      } else if (f->type() == pb::FieldDescriptor::TYPE_STRING) {
+        check_text(f->is_repeated() ? r->GetRepeatedString(m, f, i) : r->GetString(m, f), source + ": " + at);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void validate_config(const RunConfig& cfg, const std::string& source) {
+  check_strings(cfg, "", source);
   auto fail = [&](const std::string& field, const std::string& rule, const std::string& got) {
     throw BadInput(source, field + " " + rule + ", got " + got);
   };
@@ -278,20 +322,27 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   // precision
   const PrecisionConfig& p = cfg.precision();
   if (p.dtype() == DTYPE_UNSPECIFIED) fail("precision.dtype", "must be FP32, FP16, BF16 or AUTO", "UNSPECIFIED");
+  // A loss scale is a finite, normal FP32 number (so is its inverse): a zero, subnormal or infinite scale would
+  // skip every step or never unscale (kernels/step_math.h, is_valid_loss_scale).
+  auto loss_scale = [&](const std::string& field, float v) {
+    if (!is_valid_loss_scale(v))
+      fail(field, "must be a finite, normal FP32 number in [1.17549e-38, 3.40282e+38] (a loss scale and its inverse "
+                  "must be representable)", str(v));
+  };
   if (p.has_dynamic()) {
     const DynamicLossScaleConfig& dy = p.dynamic();
-    positive("precision.dynamic.init_scale", dy.init_scale());
+    loss_scale("precision.dynamic.init_scale", dy.init_scale());
     if (!(dy.growth_factor() > 1) || !std::isfinite(dy.growth_factor()))
       fail("precision.dynamic.growth_factor", "must be > 1", str(dy.growth_factor()));
     if (!(dy.backoff_factor() > 0 && dy.backoff_factor() < 1))
       fail("precision.dynamic.backoff_factor", "must be in (0, 1)", str(dy.backoff_factor()));
     if (dy.growth_interval() < 1) fail("precision.dynamic.growth_interval", "must be >= 1", str(dy.growth_interval()));
     if (dy.hysteresis() < 1) fail("precision.dynamic.hysteresis", "must be >= 1", str(dy.hysteresis()));
-    positive("precision.dynamic.min_scale", dy.min_scale());
+    loss_scale("precision.dynamic.min_scale", dy.min_scale());
     if (dy.min_scale() > dy.init_scale())
       fail("precision.dynamic.min_scale", "must be <= precision.dynamic.init_scale", str(dy.min_scale()));
   }
-  if (p.has_static_scale()) positive("precision.static_scale.scale", p.static_scale().scale());
+  if (p.has_static_scale()) loss_scale("precision.static_scale.scale", p.static_scale().scale());
   for (const std::string& op : p.fp32_ops())
     if (!parse_op_kind(op))
       fail("precision.fp32_ops", "must name ops of the autocast table (linear, relu, gelu, ...)", "\"" + op + "\"");

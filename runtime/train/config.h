@@ -22,8 +22,13 @@ RunConfig parse_config_text(const std::string& text, const std::string& source);
 // oneof selects it.
 void apply_override(RunConfig& cfg, const std::string& assignment);
 
-// Checks every value; `source` names the config in errors.
+// Checks every value; `source` names the config in errors. Every string field, at any depth, must be valid UTF-8
+// without NUL bytes: strings reach metrics.jsonl, TensorBoard's event file and paths.
 void validate_config(const RunConfig& cfg, const std::string& source);
+
+// Throws Error (bad input) "<where>: not valid UTF-8 (byte 0xe8 at offset 3 of "mod?le")" when `value` is not valid
+// UTF-8 or holds a NUL byte; `where` names the field or the command-line option.
+void check_text(const std::string& value, const std::string& where);
 
 // The working dtype of a run on `device`: AUTO is bf16 on a GPU with bf16 tensor cores (compute capability >= 8.0),
 // fp16 (with dynamic loss scaling, the default for fp16) on older GPUs, and fp32 on the CPU backend.

@@ -93,6 +93,15 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
                             {"total_steps", trainer.total_steps()},
                             {"parameters", trainer.masters().numel()}};
     metrics << start.dump() << "\n" << std::flush;
+    if (trainer.iteration() > 0) {
+      nlohmann::json resume = {{"type", "resume"},
+                               {"step", trainer.iteration()},
+                               {"dtype", dtype_name(trainer.working_dtype())},
+                               {"scale", trainer.scaler().scale()},
+                               {"scaler_reset", !opt.resume_note.empty()}};
+      if (!opt.resume_note.empty()) resume["note"] = opt.resume_note;
+      metrics << resume.dump() << "\n" << std::flush;
+    }
   }
   std::unique_ptr<EventFileWriter> events;
   if (rank0 && cfg.log().tensorboard() && !opt.run_dir.empty()) events = std::make_unique<EventFileWriter>(opt.run_dir);
@@ -172,7 +181,14 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   };
 
   int64_t saved_at = -1;
-  for (int64_t step = trainer.iteration() + 1; step <= total; ++step) {
+  const int64_t first = trainer.iteration() + 1;
+  if (first > total)
+    print(fmt::format("warning: the checkpoint is at step {} and this run ends at step {} ({}): nothing to train; "
+                      "evaluating the checkpoint's weights",
+                      trainer.iteration(), total,
+                      cfg.train().steps() > 0 ? "train.steps" : "train.epochs x steps per epoch"),
+          false);
+  for (int64_t step = first; step <= total; ++step) {
     const Clock::time_point t0 = Clock::now();
     const StepResult r = trainer.step();
     const double dt = seconds_since(t0);
@@ -280,7 +296,7 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
     if (due && step != total) evaluate(step);
   }
   if (!s.stopped) {
-    evaluate(total);
+    evaluate(std::max(total, trainer.iteration()));  // labelled with the weights' real step
     if (ck.save_final() && saved_at != total && s.steps > 0) save(total);
   }
 
@@ -297,7 +313,8 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   for (size_t r = 0; r < hashes.size(); ++r) {
     if (hashes[r] != hashes[0])
       throw Error("master weights differ across ranks: rank 0 has " + hex16(hashes[0]) + ", rank " +
-                  std::to_string(r) + " has " + hex16(hashes[r]));
+                  std::to_string(r) + " has " + hex16(hashes[r]))
+          .set_collective();
   }
   if (metrics.is_open()) {
     nlohmann::json j = {{"type", "summary"},

@@ -16,6 +16,8 @@ struct LoopOptions {
   bool tty = false;         // rewrite one progress line in place instead of printing plain lines
   // Where checkpoints go (checkpoint.dir, else <run_dir>/checkpoints); "" disables saving.
   std::string checkpoint_dir;
+  // Trainer::restore's line about a precision change on resume ("" if none): also a {"type":"resume"} record.
+  std::string resume_note;
 };
 
 struct RunSummary {

@@ -270,7 +270,8 @@ void Trainer::read_device_state(StepResult& r) {
   optimizer_->set_step_count(h.optimizer_steps);
   if (h.status == kStateDisagree)
     throw Error("loss-scaler state differs across ranks at step " + std::to_string(iteration_) +
-                " (the consensus saw different scales or growth trackers): a bug, not a data problem");
+                " (the consensus saw different scales or growth trackers): a bug, not a data problem")
+        .set_collective();
   if (h.status != 0) scaler_.throw_status(h.status);
   r.loss = h.loss_sum + host_loss_since_read_;
   host_loss_since_read_ = 0.0;
@@ -496,7 +497,7 @@ CheckpointState Trainer::checkpoint_state() {
   return s;
 }
 
-void Trainer::restore(const Manifest& m) {
+std::string Trainer::restore(const Manifest& m) {
   iteration_ = m.step();
   LossScalerState st;
   st.scale = m.scaler().scale();
@@ -504,6 +505,21 @@ void Trainer::restore(const Manifest& m) {
   st.hysteresis_tracker = m.scaler().hysteresis_tracker();
   st.skipped_steps = m.scaler().skipped_steps();
   st.consecutive_skips = m.scaler().consecutive_skips();
+  // The saved scaler state belongs to the saved precision's policy. Resumed with another working dtype or loss-scale
+  // mode (fp16 -> bf16 after a min_scale stop, say), the configured policy starts afresh: its initial scale and
+  // empty trackers; only the run's count of skipped steps carries over.
+  const DTypeName saved_dtype = m.has_precision() ? m.precision() : dtype_to_name(working_dtype());
+  LossScaler saved = LossScaler::from_config(m.config().precision(), saved_dtype);
+  saved.set_state(st);
+  std::string note;
+  if (saved_dtype != dtype_to_name(working_dtype()) || saved.mode() != scaler_.mode()) {
+    note = std::string("precision changed on resume: the checkpoint was trained in ") +
+           dtype_name(resolve_dtype(saved_dtype, Device::kCPU)) + " with " + saved.describe() + ", this run is " +
+           dtype_name(working_dtype()) + ": the loss scaler starts afresh with " + scaler_.describe();
+    const int64_t skipped = st.skipped_steps;
+    st = scaler_.state();
+    st.skipped_steps = skipped;
+  }
   scaler_.set_state(st);
   optimizer_->set_step_count(m.optimizer_step_count());
   if (!m.run_id().empty()) run_id_ = m.run_id();
@@ -525,6 +541,7 @@ void Trainer::restore(const Manifest& m) {
     loader_ = std::make_unique<Loader>(train_, *sampler_, cfg_.optimizer().accumulation_steps(),
                                        cfg_.data().prefetch_steps(), m.epoch(), step_in_epoch);
   }
+  return note;
 }
 
 EvalResult Trainer::evaluate() {

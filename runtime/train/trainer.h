@@ -85,8 +85,11 @@ class Trainer {
   // The state a checkpoint saves, as views (run_id: the run's identity, kept across resumes).
   CheckpointState checkpoint_state();
   // Continues from a loaded checkpoint's manifest: iteration, loss scaler, optimizer step count, sampler position.
-  // The buffers themselves were filled by load_checkpoint through checkpoint_state().
-  void restore(const Manifest& m);
+  // The buffers themselves were filled by load_checkpoint through checkpoint_state(). When the checkpoint's working
+  // dtype or loss-scale mode differs from this run's, the saved scaler state is not used: this run's scaler starts
+  // afresh (initial scale, empty trackers; the count of skipped steps carries over), and the returned line says so
+  // ("precision changed on resume: ..."); otherwise it returns "".
+  std::string restore(const Manifest& m);
   const std::string& run_id() const { return run_id_; }
   void set_run_id(const std::string& id) { run_id_ = id; }
   int64_t steps_per_epoch() const;

@@ -214,6 +214,44 @@ expect_error "12 global batch not divisible by world size" mpi "data.global_batc
 both "13 no --config on the command line" "--config" -- \
   train
 
+# ---- loss scales the arithmetic cannot honour: zero, subnormal, non-finite (1/S must be finite too) ------------------
+both "14a subnormal init_scale" "precision.dynamic.init_scale" "finite, normal" -- \
+  train --config "$BASE" --precision fp16 --set precision.dynamic.init_scale=1e-40 \
+  --set precision.dynamic.min_scale=1e-45 --set precision.max_consecutive_skips=0
+both "14b zero min_scale" "precision.dynamic.min_scale" "finite, normal" -- \
+  train --config "$BASE" --precision fp16 --set precision.dynamic.min_scale=0
+both "14c infinite init_scale" "precision.dynamic.init_scale" -- \
+  train --config "$BASE" --precision fp16 --set precision.dynamic.init_scale=inf
+both "14d subnormal static scale" "precision.static_scale.scale" "finite, normal" -- \
+  train --config "$BASE" --precision fp16 --set precision.static_scale.scale=1e-39
+
+# ---- strings that reach metrics.jsonl, TensorBoard or a path: valid UTF-8, no NUL, named by file and field -------
+NON_UTF8="$TMP/non_utf8.pbtxt"
+{ printf 'name: "mod\xe8le"\n'; sed "s|$TMP/runs|$TMP/runs15|" "$BASE"; } >"$NON_UTF8"
+both "15a a non-UTF-8 byte in name" "$NON_UTF8: name: not valid UTF-8" "0xe8" -- \
+  train --config "$NON_UTF8"
+NON_UTF8_LAYER="$TMP/non_utf8_layer.pbtxt"
+{ sed "s|$TMP/runs|$TMP/runs15|" "$BASE"; printf 'precision { fp32_layers: "fc\xff" }\n'; } >"$NON_UTF8_LAYER"
+both "15b a non-UTF-8 byte in a repeated nested string" "precision.fp32_layers[0]: not valid UTF-8" -- \
+  train --config "$NON_UTF8_LAYER"
+both "15c a non-UTF-8 --run-dir" "--run-dir: not valid UTF-8" -- \
+  train --config "$BASE" --run-dir "$TMP/run_$(printf '\xe9')"
+for f in "$TMP/runs15" "$TMP/run_$(printf '\xe9')"; do
+  if [ -e "$f" ]; then not_ok "15 nothing created by a refused config" "$f exists"; else ok "15 nothing created: $f"; fi
+done
+
+# ---- error lines that name what they are about ---------------------------------------------------------------------
+both "16a misspelt subcommand" "unknown command 'trian'" "train" -- \
+  trian --config "$BASE"
+both "16b misspelt ckpt subcommand" "unknown command 'inspet'" "inspect" -- \
+  ckpt inspet "$TMP"
+expect_error "16c batch not a multiple of world size names the config file" mpi \
+  "re:^ampdist: error: $BASE \(with command-line overrides\): data.global_batch_size = 3 is not a multiple" -- \
+  train --config "$BASE" --set data.global_batch_size=3
+both "16d batch larger than the dataset names the config file" \
+  "re:^ampdist: error: $BASE \(with command-line overrides\): data.global_batch_size = 1000000 is larger" -- \
+  train --config "$BASE" --set data.global_batch_size=1000000
+
 # ---- positive control -------------------------------------------------------------------------------------------
 
 out="$TMP/out.ok"
