@@ -89,10 +89,10 @@ int run(const Args& a, ampdist::MpiCommunicator& comm) {
       params.push_back(p.get());
       owned.push_back(std::move(p));
     }
-    MasterWeights masters(params, DType::kFloat32);
-    Tensor& grads = masters.grads();
+    auto masters = bind_parameters(params, DType::kFloat32, Device::kCPU, 0);
+    Tensor& grads = masters->grads();
     float* g = grads.data_as<float>();
-    Reducer reducer(comm, grads, masters.params(), static_cast<int64_t>(a.bucket_cap_mb * 1024 * 1024),
+    Reducer reducer(comm, grads, masters->layout(), static_cast<int64_t>(a.bucket_cap_mb * 1024 * 1024),
                     DType::kFloat32, Reducer::Mode::kAllreduce);
     const int iters = static_cast<int>(
         std::clamp<int64_t>(static_cast<int64_t>(a.target_bytes / bytes), a.min_iters, a.max_iters));
@@ -102,7 +102,7 @@ int run(const Args& a, ampdist::MpiCommunicator& comm) {
       comm.barrier("reducer iteration");
       auto t0 = Clock::now();
       reducer.begin_backward(true);
-      for (size_t i = params.size(); i-- > 0;) reducer.mark_ready(*params[i]);
+      for (size_t i = params.size(); i-- > 0;) reducer.mark_ready(params[i]->index);
       reducer.wait();
       const double tr = timed_max(t0);
       check(g, n, world, "Reducer", bytes);

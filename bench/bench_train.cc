@@ -148,13 +148,18 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
     }
     t_unscale.push_back(seconds_since(t0));
 
+    StepState probe;  // host memory: this benchmark runs the CPU backend
+    probe.scaler = trainer->scaler().scalars();
+    probe.found_inf = found_inf ? 1.0f : 0.0f;
+    const ConsensusFields fields{&probe.found_inf,        &probe.scaler.scale, &probe.scaler.growth_tracker,
+                                 &probe.agreed_found_inf, &probe.agreed_stop,  &probe.disagree};
     comm.barrier("consensus timing");
     t0 = Clock::now();
-    const Agreement a = trainer->consensus().agree(found_inf, trainer->scaler(), false);
+    trainer->consensus().agree(fields, false);
     t_consensus.push_back(seconds_since(t0));
 
     t0 = Clock::now();
-    scaler_copy.update(a.found_inf);
+    scaler_copy.update(probe.agreed_found_inf != 0);
     t_scaler.push_back(seconds_since(t0));
   }
   const double cast_s = max_over_ranks(median(t_cast)), unscale_s = max_over_ranks(median(t_unscale));
@@ -168,10 +173,10 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
   for (auto& [name, t] : trainer->optimizer().state()) optimizer_bytes += t->nbytes();
   std::vector<int64_t> widths;  // in, hidden..., classes of the MLP
   const int64_t micro = trainer->micro_batch_size();
-  for (const Parameter* p : masters.params()) {  // Linear weights [out, in], in layer order
-    if (p->shape.size() != 2) continue;
-    if (widths.empty()) widths.push_back(p->shape[1]);
-    widths.push_back(p->shape[0]);
+  for (const FlatEntry& p : masters.layout().entries()) {  // Linear weights [out, in], in layer order
+    if (p.shape.size() != 2) continue;
+    if (widths.empty()) widths.push_back(p.shape[1]);
+    widths.push_back(p.shape[0]);
   }
   if (widths.size() < 2) throw Error(args.config + ": model has no Linear layer", ErrorKind::kBadInput);
   const int64_t in = widths[0];

@@ -1,34 +1,43 @@
-// Consensus: every rank agrees, once per optimizer step, on whether the step overflowed, and checks that every
-// rank holds the same loss-scaler state.
+// Consensus: every rank agrees, once per optimizer step, on whether the step overflowed and whether to stop, and
+// checks that every rank holds the same loss-scaler state.
 //
-// One MAX all-reduce of six doubles: [found_inf, S, -S, growth_tracker, -growth_tracker, stop]. The agreed flag is
-// the max of the flags (likewise `stop`: a rank that received SIGTERM/SIGUSR1 asks every rank to save and stop at
-// this step boundary, at no extra collective); the scales agree iff max(S) == -max(-S) (likewise the trackers). A disagreement is a bug
-// (the scalers must only ever see agreed flags): agree() then gathers every rank's scale to name the ranks that
-// differ, and throws ampdist::Error on every rank.
+// One MAX all-reduce of six FP32 words, [found_inf, S, -S, growth_tracker, -growth_tracker, stop]: the agreed flag
+// is the max of the flags (likewise `stop`: a rank that received SIGTERM/SIGUSR1 asks every rank to save and stop
+// at this step boundary, at no extra collective); the scales agree iff max(S) == -max(-S), likewise the trackers
+// (FP32 holds them exactly: a scale is a float, a tracker an integer below the growth interval). The payload lives
+// on the communicator's device and is filled from and decoded into the step's state there, so on the GPU nothing
+// waits for the host: the fill and the decode are one-thread kernels around the NCCL all-reduce.
+//
+// A disagreement is a bug (the scalers must only ever see agreed flags): it is decoded as `disagree`, and once the
+// host reads it, report_disagreement() names the ranks that differ.
 #pragma once
 
 #include <cstdint>
 
 #include "comm/communicator.h"
-#include "runtime/amp/loss_scaler.h"
+#include "comm/consensus_payload.h"
 
 namespace ampdist {
 
-struct Agreement {
-  bool found_inf = false;  // some rank found a non-finite gradient: every rank skips
-  bool stop = false;       // some rank was asked to stop: every rank saves and stops after this step
-};
-
 class Consensus {
  public:
-  explicit Consensus(Communicator& comm) : comm_(comm) {}
-  // The flags agreed over all ranks.
-  Agreement agree(bool local_found_inf, const LossScaler& scaler, bool local_stop = false);
+  // Allocates the payload on comm.device().
+  explicit Consensus(Communicator& comm);
+  ~Consensus();
+  Consensus(const Consensus&) = delete;
+  Consensus& operator=(const Consensus&) = delete;
+
+  // Fills the payload from this rank's fields, all-reduces it (MAX) and decodes the agreed flags into the out
+  // fields. Collective: every rank calls it once per optimizer step. On the GPU it only queues work.
+  void agree(const ConsensusFields& fields, bool local_stop);
+  // After the host read `disagree`: gathers every rank's scale and growth tracker (collective: every rank read the
+  // same agreed flag at the same step) and throws a collective Error naming the ranks that differ.
+  [[noreturn]] void report_disagreement(float scale, int64_t growth_tracker, int64_t step);
   int64_t calls() const { return calls_; }
 
  private:
   Communicator& comm_;
+  float* payload_ = nullptr;  // kConsensusWords on comm.device()
   int64_t calls_ = 0;
 };
 

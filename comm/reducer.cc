@@ -1,41 +1,34 @@
 #include "comm/reducer.h"
 
 #include "runtime/kernels/kernels.h"
-#include "runtime/nn/module.h"
 
 namespace ampdist {
 
-std::vector<BucketLayout> plan_buckets(std::span<Parameter* const> params, int64_t bucket_cap_bytes,
-                                       int64_t elem_bytes) {
+std::vector<BucketLayout> plan_buckets(const FlatLayout& layout, int64_t bucket_cap_bytes, int64_t elem_bytes) {
   std::vector<BucketLayout> buckets;
   int64_t bytes = 0;
-  for (size_t i = params.size(); i-- > 0;) {
-    const Parameter& p = *params[i];
+  for (size_t i = layout.size(); i-- > 0;) {
+    const FlatEntry& p = layout[i];
     const int64_t pbytes = p.numel() * elem_bytes;
     if (buckets.empty() || (bytes > 0 && bytes + pbytes > bucket_cap_bytes)) {
       buckets.push_back(BucketLayout{p.offset + p.numel(), p.offset + p.numel(), {}});
       bytes = 0;
     }
     BucketLayout& b = buckets.back();
-    if (p.offset + p.numel() != b.begin) throw Error("plan_buckets: parameters are not laid out back to back");
+    if (p.offset + p.numel() != b.begin) throw Error("plan_buckets: tensors are not laid out back to back");
     b.begin = p.offset;
-    b.params.push_back(p.index);
+    b.params.push_back(static_cast<int>(i));
     bytes += pbytes;
   }
   return buckets;
 }
 
-std::vector<int64_t> shard_counts(int64_t n, int world_size) {
-  std::vector<int64_t> c(world_size, n / world_size);
-  for (int r = 0; r < n % world_size; ++r) ++c[r];
-  return c;
-}
-
-Reducer::Reducer(Communicator& comm, Tensor grads, std::span<Parameter* const> params, int64_t bucket_cap_bytes,
+Reducer::Reducer(Communicator& comm, Tensor grads, const FlatLayout& layout, int64_t bucket_cap_bytes,
                  DType reduce_dtype, Mode mode)
     : comm_(comm), grads_(std::move(grads)), reduce_dtype_(reduce_dtype), mode_(mode) {
-  buckets_ = plan_buckets(params, bucket_cap_bytes, static_cast<int64_t>(dtype_size(reduce_dtype)));
-  bucket_of_param_.assign(params.size(), -1);
+  buckets_ = plan_buckets(layout, bucket_cap_bytes, static_cast<int64_t>(dtype_size(reduce_dtype)));
+  for (const FlatEntry& e : layout.entries()) tensor_names_.push_back(e.name);
+  bucket_of_param_.assign(layout.size(), -1);
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (int p : buckets_[b].params) bucket_of_param_.at(p) = static_cast<int>(b);
   pending_.assign(buckets_.size(), 0);
@@ -69,10 +62,11 @@ void Reducer::begin_backward(bool final_micro_batch) {
   for (size_t b = 0; b < buckets_.size(); ++b) pending_[b] = static_cast<int>(buckets_[b].params.size());
 }
 
-void Reducer::mark_ready(const Parameter& p) {
+void Reducer::mark_ready(int index) {
   if (!final_) return;
-  const int b = bucket_of_param_.at(p.index);
-  if (--pending_[b] < 0) throw Error("Reducer: gradient of " + p.name + " marked ready twice in one backward");
+  const int b = bucket_of_param_.at(index);
+  if (--pending_[b] < 0)
+    throw Error("Reducer: gradient of " + tensor_names_.at(index) + " marked ready twice in one backward");
   while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) launch(next_launch_++);
 }
 

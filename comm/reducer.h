@@ -20,24 +20,19 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "runtime/core/flat_layout.h"
 #include "runtime/core/tensor.h"
 
 namespace ampdist {
 
-struct Parameter;
-
 struct BucketLayout {
   int64_t begin = 0, end = 0;  // element range [begin, end) of the flat gradient buffer
-  std::vector<int> params;     // parameter indices, in the order backward makes them ready
+  std::vector<int> params;     // tensor indices of the layout, in the order backward makes them ready
 };
 
-// A bucket plan: parameters given as (index, offset, numel) in registration order and laid out back to back.
-// elem_bytes: bytes per element of the reduce dtype.
-std::vector<BucketLayout> plan_buckets(std::span<Parameter* const> params, int64_t bucket_cap_bytes,
-                                       int64_t elem_bytes);
-
-// Element counts of each rank's shard of n elements: n / W each, the first n % W ranks one more.
-std::vector<int64_t> shard_counts(int64_t n, int world_size);
+// A bucket plan over the tensors of a flat layout (registration order, back to back). elem_bytes: bytes per element
+// of the reduce dtype.
+std::vector<BucketLayout> plan_buckets(const FlatLayout& layout, int64_t bucket_cap_bytes, int64_t elem_bytes);
 
 struct GradSpan {
   int64_t begin = 0, count = 0;
@@ -47,17 +42,18 @@ class Reducer {
  public:
   enum class Mode { kAllreduce, kReduceScatter };
 
-  // grads: the flat FP32 gradient buffer [numel]; params: registration order, with offsets set.
-  Reducer(Communicator& comm, Tensor grads, std::span<Parameter* const> params, int64_t bucket_cap_bytes,
-          DType reduce_dtype, Mode mode);
+  // grads: the flat FP32 gradient buffer [layout.numel()].
+  Reducer(Communicator& comm, Tensor grads, const FlatLayout& layout, int64_t bucket_cap_bytes, DType reduce_dtype,
+          Mode mode);
 
   const std::vector<BucketLayout>& buckets() const { return buckets_; }
   Mode mode() const { return mode_; }
 
   // Before each micro-batch's backward. final: the step's last micro-batch, whose gradients are reduced.
   void begin_backward(bool final_micro_batch);
-  // A parameter's gradient is final for this micro-batch (GradContext::on_grad_ready).
-  void mark_ready(const Parameter& p);
+  // Tensor `index` of the layout has its final gradient for this micro-batch (a parameter's, through
+  // GradContext::on_grad_ready).
+  void mark_ready(int index);
   // Launches any bucket not launched yet and waits for all. Must follow a final micro-batch's backward.
   void wait();
   // The ranges of the flat gradient buffer this rank holds fully reduced after wait(): [0, numel) in allreduce
@@ -84,6 +80,7 @@ class Reducer {
   std::vector<std::vector<int64_t>> counts_;  // per bucket: shard counts (reduce-scatter)
   std::vector<GradSpan> owned_;
   std::vector<std::string> names_, gather_names_;  // per bucket, for timeout messages
+  std::vector<std::string> tensor_names_;          // per tensor, for errors
   size_t next_launch_ = 0;
   bool final_ = false;
   int64_t launches_ = 0;

@@ -81,28 +81,30 @@ int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
     return static_cast<int>(v[0]);
   }
 
+  // The state is read only at the loop's due steps, as in training: on the GPU the steps queue without waiting.
+  trainer->set_state_reads(StateReads::kDueSteps);
   for (int64_t i = 0; i < args.warmup; ++i) trainer->step();
+  trainer->read_now();
+  const int64_t skipped_before = trainer->scaler().state().skipped_steps;
   PhaseTimer* timer = trainer->phase_timer();
   timer->collect();  // warm-up times are dropped
   double sync[1] = {0.0};
   comm.allreduce_f64(sync, ReduceOp::kSum, "bench start barrier");
   const auto t0 = std::chrono::steady_clock::now();
   int64_t samples = 0, skipped = 0;
-  for (int64_t i = 0; i < args.steps; ++i) {
-    const StepResult r = trainer->step();
-    samples += r.global_samples;
-    skipped += r.skipped ? 1 : 0;
-  }
+  for (int64_t i = 0; i < args.steps; ++i) samples += trainer->step().global_samples;
+  trainer->read_now();  // waits for the last step (on the GPU) inside the timed region
   comm.allreduce_f64(sync, ReduceOp::kSum, "bench end barrier");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const PhaseTimes pt = timer->collect();
+  skipped = trainer->scaler().state().skipped_steps - skipped_before;
 
   if (comm.rank() == 0) {
     // Model FLOPs per sample: 2 per weight in forward, 4 in backward (dx and dW), as in Kaplan et al. 2020's
     // 6N per token; biases and element-wise ops are left out.
     int64_t weights = 0;
-    for (const Parameter* p : trainer->masters().params())
-      if (p->shape.size() == 2) weights += p->numel();
+    for (const FlatEntry& p : trainer->masters().layout().entries())
+      if (p.shape.size() == 2) weights += p.numel();
     const double flops_per_sample = 6.0 * static_cast<double>(weights);
     const double sps = static_cast<double>(samples) / seconds;
     std::cout << fmt::format("ampdist bench: {} | {} | world size {} | synthetic data, {} features, {} classes | "

@@ -55,13 +55,10 @@ int run_generate(const GenerateArgs& args) {
     if (g.vocab_size() != 256)
       throw BadInput(path, "generate prints bytes: it needs a byte-level model (vocab_size 256), this one has " +
                                std::to_string(g.vocab_size()));
-    if (!args.device.empty()) {
-      if (args.device != "cpu" && args.device != "cuda" && args.device != "auto")
-        throw BadInput("--device", "expected cpu, cuda or auto, got '" + args.device + "'");
-      setenv("AMPDIST_DEVICE", args.device.c_str(), 1);
-    }
     RunConfig device_cfg;
     *device_cfg.mutable_device() = m.config().device();
+    device_cfg.mutable_device()->clear_command_line_kind();  // the training run's --device is not this one's
+    if (!args.device.empty()) set_command_line_device(device_cfg, args.device);
     const Device device = resolve_device(device_cfg);
     if (device == Device::kCUDA) device::set_device(0);
     const DType working = parse_precision(args.precision, m.precision());
@@ -70,7 +67,8 @@ int run_generate(const GenerateArgs& args) {
     GptModel model(g, autocast, m.config().train().seed());
     std::vector<Parameter*> params;
     model.collect_parameters(params);
-    MasterWeights masters(params, working, device);
+    const std::unique_ptr<MasterWeights> bound = bind_parameters(params, working, device, 0);  // weights loaded next
+    MasterWeights& masters = *bound;
     std::vector<float> saved = read_checkpoint_buffer(path, "master");
     if (static_cast<int64_t>(saved.size()) != masters.numel())
       throw BadInput(path, "holds " + std::to_string(saved.size()) + " master weights, the model of its config has " +

@@ -52,10 +52,10 @@ int agree_on_failure(Communicator& comm, int code, const std::string& message, b
 // The config lint (runtime/train/lint.h) on the model as built: input width and classes from the first and last
 // parameters ([out, in] weights, [out] biases).
 std::vector<std::string> lint_model(Trainer& t) {
-  const std::span<Parameter* const> ps = t.masters().params();
+  const std::vector<FlatEntry>& ps = t.masters().layout().entries();
   if (ps.empty()) return {};
-  const int64_t in = ps.front()->shape.size() == 2 ? ps.front()->shape[1] : 0;
-  const int64_t classes = ps.back()->shape[0];
+  const int64_t in = ps.front().shape.size() == 2 ? ps.front().shape[1] : 0;
+  const int64_t classes = ps.back().shape[0];
   return lint_config(t.config(), t.working_dtype(), in, classes, t.micro_batch_size());
 }
 
@@ -97,15 +97,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
         throw BadInput("--precision", "expected fp32, fp16, bf16 or auto, got '" + args.precision + "'");
       apply_override(cfg, "precision.dtype=" + p);
     }
-    if (!args.device.empty()) {
-      const std::string d = to_upper(args.device);
-      if (d != "CPU" && d != "CUDA" && d != "AUTO")
-        throw BadInput("--device", "expected cpu, cuda or auto, got '" + args.device + "'");
-      // Over AMPDIST_DEVICE and device.kind (resolve_device reads the variable).
-      std::string lower = args.device;
-      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-      setenv("AMPDIST_DEVICE", lower.c_str(), 1);
-    }
+    if (!args.device.empty()) set_command_line_device(cfg, args.device);  // over AMPDIST_DEVICE and device.kind
     for (const std::string& s : args.sets) apply_override(cfg, s);
     // Fault drills without editing a config: AMPDIST_FAULT holds a FaultConfig in text format.
     if (const char* faults = std::getenv("AMPDIST_FAULT"); faults && *faults) {
@@ -212,7 +204,6 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     std::cout << std::flush;
   }
 
-  RunSummary s;
   try {
     LoopOptions opt;
     opt.run_dir = run_dir;
@@ -222,7 +213,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     opt.tty = rank0 && comm.world_size() == 1 && describe_launcher() == "single process" && isatty(STDOUT_FILENO);
     opt.checkpoint_dir = checkpoint_dir;
     opt.resume_note = resume_note;
-    s = run_training(*trainer, opt);
+    run_training(*trainer, opt);  // the summary is printed by the loop's console sink
   } catch (const std::exception& e) {
     const Error* err = dynamic_cast<const Error*>(&e);
     if (err && err->collective()) {
@@ -236,22 +227,6 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     }
     print_error(comm.rank(), comm.world_size() > 1, e.what());
     comm.abort(err ? err->exit_code() : 1);
-  }
-  if (rank0) {
-    if (cfg.model().has_gpt())
-      std::cout << fmt::format("validation loss: {:.4f} nat/token ({} windows)\n", s.test_loss, s.test_samples);
-    else
-      std::cout << fmt::format("test accuracy: {:.4f} ({}/{})\n", s.test_accuracy, s.test_correct, s.test_samples);
-    std::cout << fmt::format("samples/s: {:.1f} ({} steps in {:.1f} s of training)\n", s.samples_per_s, s.steps,
-                             s.train_seconds);
-    std::cout << fmt::format("skipped steps: {}\n", s.skipped_steps);
-    if (s.phases.steps > 0) std::cout << "phases (ms/step, rank 0): " << format_phase_ms(s.phases) << "\n";
-    std::cout << fmt::format("peak memory (rank 0 RSS): {:.1f} MiB\n", s.peak_rss_mb);
-    std::cout << fmt::format("final loss scale: {:g}\n", s.final_scale);
-    std::cout << fmt::format("master weights hash: {}\n", hex16(s.master_hash));
-    if (!s.last_checkpoint.empty()) std::cout << "checkpoint: " << s.last_checkpoint << "\n";
-    if (s.stopped) std::cout << "stopped early on request; resume with --resume auto\n";
-    std::cout << std::flush;
   }
   trainer.reset();  // before the communicator it uses
   return 0;

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "ampdist/config.pb.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/amp/scaler_rule.h"
 
 namespace ampdist {
 
@@ -47,7 +47,8 @@ class LossScaler {
   float inv_scale() const { return 1.0f / state_.scale; }
   const LossScalerState& state() const { return state_; }
   void set_state(const LossScalerState& s) { state_ = s; }
-  int64_t updates() const { return updates_; }  // number of update() calls (one per optimizer step)
+  int64_t updates() const { return updates_; }  // updates so far (one per optimizer step)
+  void set_updates(int64_t n) { updates_ = n; }  // the count of updates made by the step state's rule
   // Consecutive skipped steps after which update() throws (0 = never): precision.max_consecutive_skips.
   void set_max_consecutive_skips(int64_t n) { max_consecutive_skips_ = n; }
 

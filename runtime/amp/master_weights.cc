@@ -2,47 +2,32 @@
 
 #include <xxhash.h>
 
-#include <cstring>
-
-#include "runtime/core/rng.h"
 #include "runtime/kernels/kernels.h"
 
 namespace ampdist {
 
-MasterWeights::MasterWeights(std::vector<Parameter*> params, DType working_dtype, Device device)
-    : params_(std::move(params)), working_dtype_(working_dtype), device_(device) {
-  int64_t total = 0;
-  for (Parameter* p : params_) total += p->numel();
+MasterWeights::MasterWeights(FlatLayout layout, DType working_dtype, Device device)
+    : layout_(std::move(layout)), working_dtype_(working_dtype), device_(device) {
+  const int64_t total = layout_.numel();
   master_ = Tensor::zeros({total}, DType::kFloat32, device);
   grads_ = Tensor::zeros({total}, DType::kFloat32, device);
   working_ = working_dtype == DType::kFloat32 ? master_ : Tensor::zeros({total}, working_dtype, device);
-  int64_t offset = 0;
-  int index = 0;
-  for (Parameter* p : params_) {
-    p->index = index++;
-    p->offset = offset;
-    p->master = Tensor::view(master_.data_as<float>() + offset, p->shape, DType::kFloat32, device);
-    p->grad = Tensor::view(grads_.data_as<float>() + offset, p->shape, DType::kFloat32, device);
-    p->working = Tensor::view(static_cast<char*>(working_.data()) + offset * dtype_size(working_dtype), p->shape,
-                              working_dtype, device);
-    offset += p->numel();
-  }
 }
 
-void MasterWeights::initialize(uint64_t seed) {
-  // Drawn on the host (the same numbers on either device), then copied to the device.
-  Tensor host = device_ == Device::kCPU ? master_ : Tensor::empty(master_.shape(), DType::kFloat32);
-  for (Parameter* p : params_) {
-    float* w = host.data_as<float>() + p->offset;
-    const RngStream rng{seed, {0, 0, static_cast<uint32_t>(p->index)}, RngPurpose::kInit};
-    for (int64_t i = 0; i < p->numel(); ++i) {
-      w[i] = p->init == ParamInit::kZeros  ? 0.0f
-             : p->init == ParamInit::kOnes ? 1.0f
-                                           : (2.0f * rng.uniform(i) - 1.0f) * p->init_bound;
-    }
-  }
-  if (device_ != Device::kCPU) host.copy_to(master_);
-  cast_to_working();
+Tensor MasterWeights::master_view(size_t i) {
+  const FlatEntry& e = layout_[i];
+  return Tensor::view(master_.data_as<float>() + e.offset, e.shape, DType::kFloat32, device_);
+}
+
+Tensor MasterWeights::grad_view(size_t i) {
+  const FlatEntry& e = layout_[i];
+  return Tensor::view(grads_.data_as<float>() + e.offset, e.shape, DType::kFloat32, device_);
+}
+
+Tensor MasterWeights::working_view(size_t i) {
+  const FlatEntry& e = layout_[i];
+  return Tensor::view(static_cast<char*>(working_.data()) + e.offset * dtype_size(working_dtype_), e.shape,
+                      working_dtype_, device_);
 }
 
 void MasterWeights::cast_to_working() {

@@ -18,7 +18,7 @@
 #include <set>
 #include <sstream>
 
-#include "comm/reducer.h"  // shard_counts
+#include "runtime/core/flat_layout.h"  // shard_counts
 #include "runtime/core/error.h"
 
 namespace ampdist {

@@ -2,6 +2,8 @@
 
 #include "runtime/core/error.h"
 
+#include <cstring>
+
 #ifdef AMPDIST_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -105,6 +107,10 @@ void memset_zero(void* dst, size_t bytes) {
 
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
+  if (dst_device == Device::kCPU && src_device == Device::kCPU) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
   cudaMemcpyKind kind = cudaMemcpyDefault;
   auto s = static_cast<cudaStream_t>(compute_stream());
   if (dst_device == Device::kCUDA && src_device == Device::kCPU) kind = cudaMemcpyHostToDevice;
@@ -130,6 +136,25 @@ void free_host(void* p) {
 
 void check_last_error(const char* what) { check(cudaGetLastError(), what); }
 
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreate(&e), "cudaEventCreate");
+  return e;
+}
+void event_destroy(void* e) {
+  if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+void event_record(void* e) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(compute_stream())), "cudaEventRecord");
+}
+float event_elapsed_ms(void* start, void* end) {
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(end)), "cudaEventSynchronize");
+  float ms = 0.0f;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)),
+        "cudaEventElapsedTime");
+  return ms;
+}
+
 #else  // no CUDA backend in this build
 
 namespace {
@@ -148,15 +173,19 @@ int current_device() { no_cuda("current_device"); }
 void* alloc(size_t) { no_cuda("device memory"); }
 void free(void*) {}
 void memset_zero(void*, size_t) { no_cuda("device memset"); }
-void copy(void*, Device dst_device, const void*, Device src_device, size_t) {
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (dst_device == Device::kCUDA || src_device == Device::kCUDA) no_cuda("device copy");
-  throw Error("device::copy is for device memory; host to host copies use memcpy");
+  if (bytes) std::memcpy(dst, src, bytes);
 }
 void synchronize() {}
 void* compute_stream() { return nullptr; }
 void* alloc_host(size_t) { no_cuda("page-locked host memory"); }
 void free_host(void*) {}
 void check_last_error(const char*) {}
+void* event_create() { no_cuda("CUDA events"); }
+void event_destroy(void*) {}
+void event_record(void*) { no_cuda("CUDA events"); }
+float event_elapsed_ms(void*, void*) { no_cuda("CUDA events"); }
 
 #endif
 

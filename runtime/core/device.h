@@ -45,7 +45,8 @@ void free(void* p);
 void memset_zero(void* dst, size_t bytes);
 // Copies `bytes` from src to dst on the compute stream. Host -> device and device -> device return at once (host
 // memory that is not page-locked is staged by the driver first); device -> host returns when the bytes are on the
-// host, i.e. it synchronises the compute stream.
+// host, i.e. it synchronises the compute stream. Host -> host is a memcpy (in every build), so code written for
+// either device can copy a value to the host the same way.
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Blocks until all work queued on the compute stream is done. Throws Error with the CUDA error, if any.
 void synchronize();
@@ -59,5 +60,13 @@ void free_host(void* p);
 
 // Throws Error naming `what` if the last asynchronous CUDA operation failed (cudaGetLastError).
 void check_last_error(const char* what);
+
+// Timing events on the compute stream (cudaEvent_t as opaque handles), for phase timing: recording costs no host
+// wait; only elapsed_ms() waits, for the later event.
+void* event_create();
+void event_destroy(void* e);
+void event_record(void* e);
+// Milliseconds of GPU time between two recorded events (waits until `end` has completed).
+float event_elapsed_ms(void* start, void* end);
 
 }  // namespace ampdist::device

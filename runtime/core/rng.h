@@ -11,7 +11,7 @@
 #include <array>
 #include <cstdint>
 
-#include "runtime/kernels/math.h"
+#include "runtime/core/host_device.h"
 
 namespace ampdist {
 

@@ -18,10 +18,17 @@
                                       float grad_scale, Tensor& dlogits);                                         \
   int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets);                                  \
   UnscaleResult unscale_and_check(Tensor& grads, float inv_scale);                                                \
+  void unscale_and_check(Tensor& grads, const float* inv_scale, float* found_inf, double* sum_sq);                \
+  void check_nonfinite(const Tensor& x, float* bad);                                                              \
+  void zero_if(Tensor& x, const float* flag);                                                                     \
   double sum_squares(const Tensor& x);                                                                            \
+  void sum_squares(const Tensor& x, double* out);                                                                 \
   void scale_inplace(Tensor& x, float factor);                                                                    \
-  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p);                   \
-  void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p);
+  void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p,                    \
+                const StepGate* gate);                                                                            \
+  void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,                \
+                  const StepGate* gate);                                                                          \
+  AbsStats abs_stats(const Tensor& x, float threshold);
 
 namespace ampdist::kernels::cpu {
 AMPDIST_KERNEL_DECLS

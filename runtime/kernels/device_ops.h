@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "runtime/core/tensor.h"
-#include "runtime/kernels/step_math.h"
 
 namespace ampdist::kernels::gpu {
 
@@ -21,20 +20,6 @@ void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, 
 // float(*scale_dev / divisor) read on the device.
 void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
                                     Tensor& dlogits, const float* scale_dev = nullptr, double divisor = 1.0);
-
-// The unscale + check pass reading the loss scale from state->scaler.scale and ORing into state->found_inf,
-// adding to state->sum_sq. grads: FP32 on the device.
-void unscale_and_check(Tensor& grads, DeviceTrainState* state);
-// Gated optimizer updates: read state->gate (skip, lr, clip factor, first step, bias corrections).
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, float momentum, float dampening,
-              float weight_decay, bool nesterov, const DeviceTrainState* state);
-void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double beta1, double beta2, double eps,
-                float weight_decay, const DeviceTrainState* state);
-
-// The step's one-thread kernels (see kernels/cuda/cuda_ops.h).
-void step_begin(DeviceTrainState* state);
-void step_fill_consensus(DeviceTrainState* state, bool local_stop);
-void step_finish(DeviceTrainState* state, const StepConfig& cfg, double loss_divisor);
 
 // Whether FP32 GEMMs may use TF32 tensor cores (precision.allow_tf32; off by default, as torch's
 // allow_tf32 for matmuls since 1.12). fp16/bf16 GEMMs always accumulate in FP32.

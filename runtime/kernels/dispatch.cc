@@ -53,6 +53,26 @@ UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
   if (dev(grads)) return cuda::unscale_and_check(grads, inv_scale);
   return cpu::unscale_and_check(grads, inv_scale);
 }
+void unscale_and_check(Tensor& grads, const float* inv_scale, float* found_inf, double* sum_sq) {
+  if (dev(grads)) return cuda::unscale_and_check(grads, inv_scale, found_inf, sum_sq);
+  cpu::unscale_and_check(grads, inv_scale, found_inf, sum_sq);
+}
+void check_nonfinite(const Tensor& x, float* bad) {
+  if (dev(x)) return cuda::check_nonfinite(x, bad);
+  cpu::check_nonfinite(x, bad);
+}
+void zero_if(Tensor& x, const float* flag) {
+  if (dev(x)) return cuda::zero_if(x, flag);
+  cpu::zero_if(x, flag);
+}
+AbsStats abs_stats(const Tensor& x, float threshold) {
+  if (dev(x)) return cuda::abs_stats(x, threshold);
+  return cpu::abs_stats(x, threshold);
+}
+void sum_squares(const Tensor& x, double* out) {
+  if (dev(x)) return cuda::sum_squares(x, out);
+  cpu::sum_squares(x, out);
+}
 double sum_squares(const Tensor& x) {
   if (dev(x)) return cuda::sum_squares(x);
   return cpu::sum_squares(x);
@@ -61,13 +81,14 @@ void scale_inplace(Tensor& x, float factor) {
   if (dev(x)) return cuda::scale_inplace(x, factor);
   cpu::scale_inplace(x, factor);
 }
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p) {
-  if (dev(params) || dev(grads)) return cuda::sgd_step(params, grads, momentum_buf, p);
-  cpu::sgd_step(params, grads, momentum_buf, p);
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p, const StepGate* gate) {
+  if (dev(params) || dev(grads)) return cuda::sgd_step(params, grads, momentum_buf, p, gate);
+  cpu::sgd_step(params, grads, momentum_buf, p, gate);
 }
-void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p) {
-  if (dev(params) || dev(grads)) return cuda::adamw_step(params, grads, m, v, p);
-  cpu::adamw_step(params, grads, m, v, p);
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
+                const StepGate* gate) {
+  if (dev(params) || dev(grads)) return cuda::adamw_step(params, grads, m, v, p, gate);
+  cpu::adamw_step(params, grads, m, v, p, gate);
 }
 
 }  // namespace ampdist::kernels

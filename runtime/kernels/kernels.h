@@ -9,6 +9,7 @@
 #include <span>
 
 #include "runtime/core/tensor.h"
+#include "runtime/kernels/step_math.h"
 
 namespace ampdist::kernels {
 
@@ -55,17 +56,32 @@ struct UnscaleResult {
 };
 // One fused pass: g[i] *= inv_scale, records non-finite elements, accumulates squares. grads: FP32.
 UnscaleResult unscale_and_check(Tensor& grads, float inv_scale);
+// The training step's form of the same pass, on the step state's fields (pointers on the tensor's device, so the GPU
+// never waits): g[i] *= *inv_scale; *found_inf = 1 when any element is inf or NaN (never cleared here);
+// *sum_sq += the sum of squares of the finite elements, in the same order as above (bitwise the same sums).
+void unscale_and_check(Tensor& grads, const float* inv_scale, float* found_inf, double* sum_sq);
+// *bad = 1 when any element of x (FP32) is inf or NaN; x is not changed. bad: on x's device.
+void check_nonfinite(const Tensor& x, float* bad);
+// x = 0 when *flag > 0 (flag on x's device); otherwise x is left as it is.
+void zero_if(Tensor& x, const float* flag);
 // sum_i x[i]^2 over an FP32 tensor, accumulated in double (the global norm of gathered gradients).
 double sum_squares(const Tensor& x);
+// The same sum written to *out, a double on x's device (the step state's sum_sq; the GPU does not wait).
+void sum_squares(const Tensor& x, double* out);
 // g[i] *= factor (clipping).
 void scale_inplace(Tensor& x, float factor);
 
 // ---- optimizers over flat FP32 buffers (formulas in math.h) ---------------------------------------------------
+// With a gate (the training step: a StepGate on the buffers' device, from amp/step_state.h's finish_step), the
+// update happens only when gate->apply, and lr, first_step, the clip factor and AdamW's bias corrections come from
+// the gate; the params' lr, first_step and step are then ignored. Without one (null), they come from the params,
+// with no clipping.
 struct SgdParams {
   float lr, momentum, dampening, weight_decay;
   bool nesterov, first_step;
 };
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p);
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p,
+              const StepGate* gate = nullptr);
 
 struct AdamWParams {
   float lr;
@@ -73,7 +89,17 @@ struct AdamWParams {
   float weight_decay;
   int64_t step;  // 1-based count including this update
 };
-void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p);
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
+                const StepGate* gate = nullptr);
+
+// ---- numerics report ---------------------------------------------------------------------------------------------
+struct AbsStats {
+  float max_abs = 0.0f;   // max |x| over the finite elements
+  bool nonfinite = false; // some element is inf or NaN
+  int64_t below = 0;      // elements with 0 < |x| <= threshold
+};
+// Statistics of x (any dtype) for the numerics report; the result is on the host (a device tensor synchronises).
+AbsStats abs_stats(const Tensor& x, float threshold);
 
 }  // namespace ampdist::kernels
 

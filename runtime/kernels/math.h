@@ -8,11 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define AMPDIST_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define AMPDIST_HOST_DEVICE inline
-#endif
+#include "runtime/core/host_device.h"
 
 namespace ampdist::math {
 

@@ -5,7 +5,46 @@
 #include "runtime/kernels/kernels.h"
 #include "runtime/nn/module.h"
 
+#include "runtime/core/rng.h"
+
 namespace ampdist {
+
+FlatLayout flat_layout(std::span<Parameter* const> params) {
+  FlatLayout layout;
+  for (Parameter* p : params) {
+    p->index = layout.add(p->name, p->shape);
+    p->offset = layout[p->index].offset;
+  }
+  return layout;
+}
+
+std::unique_ptr<MasterWeights> bind_parameters(std::span<Parameter* const> params, DType working_dtype,
+                                               Device device, uint64_t seed) {
+  auto masters = std::make_unique<MasterWeights>(flat_layout(params), working_dtype, device);
+  for (Parameter* p : params) {
+    p->master = masters->master_view(p->index);
+    p->grad = masters->grad_view(p->index);
+    p->working = masters->working_view(p->index);
+  }
+  initialize_parameters(params, *masters, seed);
+  return masters;
+}
+
+void initialize_parameters(std::span<Parameter* const> params, MasterWeights& masters, uint64_t seed) {
+  Tensor& master = masters.master();
+  Tensor host = master.device() == Device::kCPU ? master : Tensor::empty(master.shape(), DType::kFloat32);
+  for (const Parameter* p : params) {
+    float* w = host.data_as<float>() + p->offset;
+    const RngStream rng{seed, {0, 0, static_cast<uint32_t>(p->index)}, RngPurpose::kInit};
+    for (int64_t i = 0; i < p->numel(); ++i) {
+      w[i] = p->init == ParamInit::kZeros  ? 0.0f
+             : p->init == ParamInit::kOnes ? 1.0f
+                                           : (2.0f * rng.uniform(i) - 1.0f) * p->init_bound;
+    }
+  }
+  if (master.device() != Device::kCPU) host.copy_to(master);
+  masters.cast_to_working();
+}
 
 namespace {
 // Returns x in `dtype`, casting into `buffer` when it differs (autocast at an op boundary).
@@ -155,7 +194,10 @@ double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int32_
     kernels::gpu::softmax_cross_entropy_forward(logits, targets_dev_, lse_, row_loss_, device_loss_sum_, nullptr);
     return 0.0;
   }
-  return kernels::softmax_cross_entropy_forward(logits, targets, lse_);
+  const double total = kernels::softmax_cross_entropy_forward(logits, targets, lse_);
+  if (!device_loss_sum_) return total;
+  *device_loss_sum_ += total;  // the training step on the CPU: the step state is host memory
+  return 0.0;
 }
 
 int64_t SoftmaxCrossEntropy::correct() const { return kernels::count_correct(logits_, targets_); }
@@ -166,7 +208,9 @@ const Tensor& SoftmaxCrossEntropy::backward(float grad_scale) {
     kernels::gpu::softmax_cross_entropy_backward(logits_, targets_dev_, lse_, grad_scale, dlogits_, device_scale_,
                                                     device_divisor_);
   else
-    kernels::softmax_cross_entropy_backward(logits_, targets_, lse_, grad_scale, dlogits_);
+    kernels::softmax_cross_entropy_backward(
+        logits_, targets_, lse_,
+        device_scale_ ? static_cast<float>(*device_scale_ / device_divisor_) : grad_scale, dlogits_);
   return dlogits_;
 }
 

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "runtime/amp/autocast.h"
+#include "runtime/amp/master_weights.h"
+#include "runtime/core/flat_layout.h"
 #include "runtime/core/tensor.h"
 
 namespace ampdist {
@@ -28,8 +30,8 @@ struct Parameter {
   ParamInit init = ParamInit::kUniform;
   float init_bound = 0.0f;
 
-  // Set by MasterWeights:
-  int index = -1;       // registration order
+  // Set by bind_parameters:
+  int index = -1;       // registration order (the parameter's index in the flat layout)
   int64_t offset = -1;  // element offset in the flat buffers
   Tensor master;        // FP32 view into the master buffer
   Tensor working;       // view into the working copy (the master buffer itself in an FP32 run)
@@ -39,6 +41,17 @@ struct Parameter {
   // The copy an op computing in `dtype` reads: the working copy, or the FP32 master for an FP32 op.
   const Tensor& weights_for(DType dtype) const { return dtype == DType::kFloat32 ? master : working; }
 };
+
+// The flat layout of `params` in registration order (names, shapes, back-to-back offsets).
+FlatLayout flat_layout(std::span<Parameter* const> params);
+// Master weights for `params`: the flat buffers on `device`, each parameter's index, offset and master / working /
+// grad views pointing into them, and the master weights filled from each parameter's init rule with the
+// counter-based RNG keyed by (seed, parameter index), identical on every rank without a broadcast (drawn on the
+// host, then copied to the device), then cast to the working copy. Parameters must outlive the result.
+std::unique_ptr<MasterWeights> bind_parameters(std::span<Parameter* const> params, DType working_dtype,
+                                               Device device, uint64_t seed);
+// Fills the master weights of bound parameters from their init rules again (as bind_parameters does).
+void initialize_parameters(std::span<Parameter* const> params, MasterWeights& masters, uint64_t seed);
 
 // What backward() needs to know beyond dy.
 struct GradContext {
@@ -148,12 +161,12 @@ class Criterion {
   // Samples of the last forward whose prediction matched the target (classification only; 0 otherwise).
   virtual int64_t correct() const { return 0; }
 
-  // The CUDA backend's training step: when set, a forward on device outputs ADDS its loss sum to *loss_sum (a device
-  // double) and returns 0, and backward ignores its argument and uses float(*scale / divisor) read on the device, so
-  // the step never waits for a value; the trainer reads the sum at log steps. Null (the default): forward returns
-  // the sum (synchronising on a device). A criterion without a device path ignores this.
-  // Whether this criterion implements that path; the trainer reads the scale and the loss on the host (one small
-  // synchronisation per step) for criteria that do not.
+  // The training step's state path: when set, forward ADDS its loss sum to *loss_sum and returns 0, and backward
+  // ignores its argument and uses float(*scale / divisor), both pointers into the step state on the outputs' device
+  // (host memory on the CPU, device memory on the GPU), so on the GPU the step never waits for a value; the trainer
+  // reads the sum when it reads the step state. Null (the default): forward returns the sum (synchronising on a
+  // device). Whether a criterion implements that path: the trainer reads the scale on the host (on the GPU one small
+  // synchronisation per step) and adds the returned loss itself for criteria that do not.
   virtual bool supports_device_step() const { return false; }
   void set_device_step(double* loss_sum, const float* scale, double divisor) {
     device_loss_sum_ = loss_sum;

@@ -3,25 +3,17 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/kernels/kernels.h"
+
 namespace ampdist {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// max |x| over a tensor, +inf when any element is inf or NaN.
+// max |x| over a tensor on either device, +inf when any element is inf or NaN.
 double max_abs(const Tensor& t) {
-  return dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* p = t.data_as<T>();
-    float m = 0.0f;
-    bool bad = false;
-    for (int64_t i = 0, n = t.numel(); i < n; ++i) {
-      const float v = std::fabs(static_cast<float>(p[i]));
-      bad |= !(v <= std::numeric_limits<float>::max());  // inf and NaN
-      m = v > m ? v : m;
-    }
-    return bad ? kInf : static_cast<double>(m);
-  });
+  const kernels::AbsStats s = kernels::abs_stats(t, 0.0f);
+  return s.nonfinite ? kInf : static_cast<double>(s.max_abs);
 }
 
 }  // namespace
@@ -81,20 +73,11 @@ void NumericsMonitor::on_gradient(const std::string& param_name, const Tensor& g
   const int64_t pos = events_++;
   const int l = layer_of(param_name);
   if (l < 0) return;
-  const float* g = grad.data_as<float>();
-  const float thr = static_cast<float>(underflow_threshold(working_));
-  float m = 0.0f;
-  bool bad = false;
-  int64_t under = 0;
-  for (int64_t i = 0, n = grad.numel(); i < n; ++i) {
-    const float v = std::fabs(g[i]);
-    bad |= !(v <= std::numeric_limits<float>::max());
-    m = v > m ? v : m;
-    under += (v != 0.0f && v <= thr) ? 1 : 0;
-  }
-  grad_max_[l] = std::max(grad_max_[l], bad ? kInf : static_cast<double>(m));
+  const kernels::AbsStats s = kernels::abs_stats(grad, static_cast<float>(underflow_threshold(working_)));
+  const bool bad = s.nonfinite;
+  grad_max_[l] = std::max(grad_max_[l], bad ? kInf : static_cast<double>(s.max_abs));
   grad_elems_[l] += grad.numel();
-  grad_under_[l] += under;
+  grad_under_[l] += s.below;
   if (bad && first_pos_ < 0) {
     first_pos_ = pos;
     first_layer_ = l;

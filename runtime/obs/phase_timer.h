@@ -10,7 +10,11 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string_view>
+#include <vector>
+
+#include "runtime/core/dtype.h"
 
 namespace ampdist {
 
@@ -65,6 +69,34 @@ class SteadyClockPhaseTimer final : public PhaseTimer {
   std::array<std::chrono::steady_clock::time_point, static_cast<int>(Phase::kCount)> start_{};
   PhaseTimes acc_;
 };
+
+// The GPU implementation: the phases that run on the device are timed by a pair of CUDA events recorded on the
+// compute stream at their boundaries (no host wait), resolved to durations in collect(), which waits for the last
+// event; the host's own phases (data wait, checkpoint) use the steady clock. Events are pooled and reused.
+class CudaEventPhaseTimer final : public PhaseTimer {
+ public:
+  ~CudaEventPhaseTimer() override;
+  void begin(Phase p) override;
+  void end(Phase p) override;
+  void end_step() override { ++acc_.steps; }
+  PhaseTimes collect() override;
+
+ private:
+  struct Pending {
+    Phase phase;
+    void *start, *end;
+  };
+  static bool on_host(Phase p) { return p == Phase::kDataWait || p == Phase::kCheckpoint; }
+  void* take();
+  SteadyClockPhaseTimer host_;
+  std::array<void*, static_cast<int>(Phase::kCount)> open_{};
+  std::vector<Pending> pending_;
+  std::vector<void*> pool_;
+  PhaseTimes acc_;
+};
+
+// The timer of a step that runs on `device`: SteadyClockPhaseTimer on the CPU, CudaEventPhaseTimer on the GPU.
+std::unique_ptr<PhaseTimer> make_phase_timer(Device device);
 
 // begin() on construction, end() on destruction; does nothing when the timer is null (timing off).
 class PhaseScope {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "runtime/kernels/device_ops.h"
+#include "runtime/core/device.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/step_math.h"
 
@@ -14,15 +14,29 @@ Sgd::Sgd(int64_t numel, const SgdConfig& cfg, float weight_decay, Device device)
   if (cfg.momentum() != 0.0f) momentum_ = Tensor::zeros({numel}, DType::kFloat32, device);
 }
 
-void Sgd::step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) {
-  kernels::gpu::sgd_step(params, grads, momentum_, cfg_.momentum(), cfg_.dampening(), weight_decay_,
-                            cfg_.nesterov(), st);
+void Optimizer::step(Tensor& params, const Tensor& grads, float lr) {
+  StepGate g;
+  g.apply = 1;
+  g.first_step = step_count_ == 0 ? 1 : 0;
+  g.lr = lr;
+  double beta1, beta2;
+  if (bias_corrected(beta1, beta2))
+    adamw_bias_corrections(beta1, beta2, step_count_ + 1, g.bias_correction1, g.bias_correction2_sqrt);
+  if (params.device() == Device::kCPU) {
+    step(params, grads, &g);
+  } else {  // the gate must live where the kernels read it
+    Tensor dev = Tensor::empty({static_cast<int64_t>((sizeof g + 3) / 4)}, DType::kFloat32, params.device());
+    device::copy(dev.data(), params.device(), &g, Device::kCPU, sizeof g);
+    step(params, grads, static_cast<const StepGate*>(dev.data()));
+    device::synchronize();  // dev is freed on return
+  }
+  ++step_count_;
 }
 
-void Sgd::step(Tensor& params, const Tensor& grads, float lr) {
-  kernels::SgdParams p{lr, cfg_.momentum(), cfg_.dampening(), weight_decay_, cfg_.nesterov(), step_count_ == 0};
-  kernels::sgd_step(params, grads, momentum_, p);
-  ++step_count_;
+void Sgd::step(Tensor& params, const Tensor& grads, const StepGate* gate) {
+  // lr and first_step come from the gate.
+  const kernels::SgdParams p{0.0f, cfg_.momentum(), cfg_.dampening(), weight_decay_, cfg_.nesterov(), false};
+  kernels::sgd_step(params, grads, momentum_, p, gate);
 }
 
 std::vector<std::pair<std::string, Tensor*>> Sgd::state() {
@@ -36,14 +50,10 @@ AdamW::AdamW(int64_t numel, const AdamWConfig& cfg, float weight_decay, Device d
       m_(Tensor::zeros({numel}, DType::kFloat32, device)),
       v_(Tensor::zeros({numel}, DType::kFloat32, device)) {}
 
-void AdamW::step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) {
-  kernels::gpu::adamw_step(params, grads, m_, v_, cfg_.beta1(), cfg_.beta2(), cfg_.eps(), weight_decay_, st);
-}
-
-void AdamW::step(Tensor& params, const Tensor& grads, float lr) {
-  kernels::AdamWParams p{lr, cfg_.beta1(), cfg_.beta2(), cfg_.eps(), weight_decay_, step_count_ + 1};
-  kernels::adamw_step(params, grads, m_, v_, p);
-  ++step_count_;
+void AdamW::step(Tensor& params, const Tensor& grads, const StepGate* gate) {
+  // lr, the step and its bias corrections come from the gate.
+  const kernels::AdamWParams p{0.0f, cfg_.beta1(), cfg_.beta2(), cfg_.eps(), weight_decay_, 0};
+  kernels::adamw_step(params, grads, m_, v_, p, gate);
 }
 
 std::vector<std::pair<std::string, Tensor*>> AdamW::state() { return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}; }

@@ -1,8 +1,9 @@
 // Optimizers over the flat FP32 master buffer.
 //
-// step() applies one update to every master weight with one learning rate; the formulas are torch.optim.SGD's and
-// torch.optim.AdamW's, written once per element in kernels/math.h. A skipped (overflowing) step never calls step(),
-// so moments, the step count and weight decay stay exactly as they were.
+// The training step calls step(params, grads, gate) with the gate finish_step decided (amp/step_state.h), on the
+// device the buffers live on: a skipped step's gate says so and nothing changes (moments, weight decay); the
+// gate also carries the learning rate, the clip factor and AdamW's bias corrections. The formulas are
+// torch.optim.SGD's and torch.optim.AdamW's, written once per element in kernels/math.h.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +20,12 @@ namespace ampdist {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // params, grads: [n] FP32 (the flat buffers). lr: this update's learning rate.
-  virtual void step(Tensor& params, const Tensor& grads, float lr) = 0;
-  // The CUDA backend's gated update: reads the step's agreed values (skip, lr, clip factor, first step, bias
-  // corrections) from st->gate on the device; the host's step_count() is brought up to date by the trainer when it
-  // reads the device state. Buffers must be on the GPU.
-  virtual void step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) = 0;
+  // params, grads: [n] FP32 (the flat buffers). gate: the step's StepGate on their device. The host's step_count()
+  // is not changed: the step's state counts applied updates, and the trainer sets the count when it reads it.
+  virtual void step(Tensor& params, const Tensor& grads, const StepGate* gate) = 0;
+  // One update applied from the host with learning rate `lr` and no clipping (for host-side loops and tests): the
+  // gated update above with a gate built here; counts the update.
+  void step(Tensor& params, const Tensor& grads, float lr);
   virtual std::string kind() const = 0;  // "sgd", "adamw"
   // Updates applied so far (AdamW's t).
   int64_t step_count() const { return step_count_; }
@@ -34,14 +35,16 @@ class Optimizer {
   virtual std::vector<std::pair<std::string, Tensor*>> state() = 0;
 
  protected:
+  // AdamW's betas, for the host-built gate's bias corrections (none for SGD).
+  virtual bool bias_corrected(double& beta1, double& beta2) const { return false; }
   int64_t step_count_ = 0;
 };
 
 class Sgd : public Optimizer {
  public:
   Sgd(int64_t numel, const SgdConfig& cfg, float weight_decay, Device device = Device::kCPU);
-  void step(Tensor& params, const Tensor& grads, float lr) override;
-  void step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) override;
+  using Optimizer::step;
+  void step(Tensor& params, const Tensor& grads, const StepGate* gate) override;
   std::string kind() const override { return "sgd"; }
   std::vector<std::pair<std::string, Tensor*>> state() override;
 
@@ -54,12 +57,19 @@ class Sgd : public Optimizer {
 class AdamW : public Optimizer {
  public:
   AdamW(int64_t numel, const AdamWConfig& cfg, float weight_decay, Device device = Device::kCPU);
-  void step(Tensor& params, const Tensor& grads, float lr) override;
-  void step_device(Tensor& params, const Tensor& grads, const DeviceTrainState* st) override;
+  using Optimizer::step;
+  void step(Tensor& params, const Tensor& grads, const StepGate* gate) override;
   std::string kind() const override { return "adamw"; }
   std::vector<std::pair<std::string, Tensor*>> state() override;
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
+
+ protected:
+  bool bias_corrected(double& beta1, double& beta2) const override {
+    beta1 = cfg_.beta1();
+    beta2 = cfg_.beta2();
+    return true;
+  }
 
  private:
   AdamWConfig cfg_;

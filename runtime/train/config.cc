@@ -17,7 +17,7 @@
 
 #include "runtime/amp/autocast.h"
 #include "runtime/core/error.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/amp/scaler_rule.h"
 
 namespace ampdist {
 namespace {
@@ -166,7 +166,10 @@ DType resolve_dtype(DTypeName name, Device device, bool device_has_bf16) {
 Device resolve_device(const RunConfig& cfg) {
   DeviceKind kind = cfg.device().kind();
   std::string source = "device.kind";
-  if (const char* env = std::getenv("AMPDIST_DEVICE"); env && *env) {
+  if (cfg.device().has_command_line_kind()) {
+    kind = cfg.device().command_line_kind();
+    source = "--device";
+  } else if (const char* env = std::getenv("AMPDIST_DEVICE"); env && *env) {
     const std::string v = env;
     source = "AMPDIST_DEVICE=" + v;
     if (v == "cpu") kind = DEVICE_CPU;
@@ -179,6 +182,15 @@ Device resolve_device(const RunConfig& cfg) {
   if (kind == DEVICE_CUDA && gpus == 0)
     throw Error(source + " asks for the GPU, but " + device::unavailable_reason(), ErrorKind::kBadInput);
   return gpus > 0 ? Device::kCUDA : Device::kCPU;
+}
+
+void set_command_line_device(RunConfig& cfg, const std::string& value) {
+  std::string v = value;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (v == "cpu") cfg.mutable_device()->set_command_line_kind(DEVICE_CPU);
+  else if (v == "cuda") cfg.mutable_device()->set_command_line_kind(DEVICE_CUDA);
+  else if (v == "auto") cfg.mutable_device()->set_command_line_kind(DEVICE_AUTO);
+  else throw BadInput("--device", "expected cpu, cuda or auto, got '" + value + "'");
 }
 
 DTypeName dtype_to_name(DType t) {
@@ -372,6 +384,10 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
 
   if (p.on_nonfinite() == NONFINITE_POLICY_UNSPECIFIED)
     fail("precision.on_nonfinite", "must be SKIP or DROP_RANK", "UNSPECIFIED");
+  // DROP_RANK's count all-reduce carries sample counts as FP32, exact up to 2^24 (train/step.cc).
+  if (p.on_nonfinite() == DROP_RANK && d.global_batch_size() > (int64_t{1} << 24))
+    fail("data.global_batch_size", "must be <= 2^24 with precision.on_nonfinite: DROP_RANK",
+         str(d.global_batch_size()));
   non_negative("precision.max_consecutive_skips", static_cast<double>(p.max_consecutive_skips()));
   non_negative("precision.numerics_report_every", static_cast<double>(p.numerics_report_every()));
   if (cfg.checkpoint().on_save_error() == SAVE_ERROR_POLICY_UNSPECIFIED)

@@ -34,10 +34,13 @@ void check_text(const std::string& value, const std::string& where);
 // fp16 (with dynamic loss scaling, the default for fp16) on older GPUs, and fp32 on the CPU backend.
 DType resolve_dtype(DTypeName name, Device device, bool device_has_bf16 = true);
 
-// The device a run uses: AMPDIST_DEVICE (cpu, cuda, auto) if set, else device.kind; AUTO is the GPU when this build
-// has the CUDA backend and a GPU is visible. Throws Error (bad input) for CUDA without a usable GPU, or a bad
+// The device a run uses: device.command_line_kind (`--device`) if set, else AMPDIST_DEVICE (cpu, cuda, auto) if set,
+// else device.kind; AUTO is the GPU when this build has the CUDA backend and a GPU is visible. Throws Error (bad input) for CUDA without a usable GPU, or a bad
 // AMPDIST_DEVICE value.
 Device resolve_device(const RunConfig& cfg);
+// Sets device.command_line_kind from a `--device` value (cpu, cuda, auto); throws Error (bad input) naming
+// `--device` for any other value.
+void set_command_line_device(RunConfig& cfg, const std::string& value);
 // The config's spelling of a dtype: FP32, FP16, BF16.
 DTypeName dtype_to_name(DType t);
 

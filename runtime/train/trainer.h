@@ -1,17 +1,24 @@
-// Trainer: one optimizer step of data-parallel mixed-precision training, and evaluation.
+// Trainer: one optimizer step of data-parallel mixed-precision training, evaluation, and the state a checkpoint
+// holds.
 //
-// step() is DESIGN.md's step, in its order (see trainer.cc). Every rank constructs its Trainer from the same
-// config and calls step() the same number of times; the collectives inside are the gradient reduction (buckets)
-// and the one consensus all-reduce.
+// step() is DESIGN.md's step, in its order, for both backends (train/step.cc): every decision of the step (skip,
+// clip factor, learning rate, loss-scale update) is made where the step runs, in a StepState on the communicator's
+// device (runtime/amp/step_state.h), and the host reads that state back only when it needs values. Every rank
+// constructs its Trainer from the same config and calls step() the same number of times; the collectives inside
+// are the gradient reduction (buckets) and the one consensus all-reduce (plus DROP_RANK's count all-reduce).
+//
+// Files: trainer.cc (construction), step.cc (the step), evaluate.cc, train_state.cc (reading the step state,
+// checkpoint save and restore), observers.cc (numerics report, phase timing), faults.h (fault drills),
+// due_steps.h (when the loop logs, saves, evaluates and reads), model_factory.cc (make_trainer).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
-
-#include <atomic>
 
 #include "ampdist/checkpoint.pb.h"
 #include "ampdist/config.pb.h"
@@ -21,6 +28,7 @@
 #include "runtime/amp/autocast.h"
 #include "runtime/amp/loss_scaler.h"
 #include "runtime/amp/master_weights.h"
+#include "runtime/amp/step_state_buffer.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
@@ -28,23 +36,36 @@
 #include "runtime/obs/numerics.h"
 #include "runtime/obs/phase_timer.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/train/due_steps.h"
+#include "runtime/train/faults.h"
 
 namespace ampdist {
 
 struct StepResult {
   int64_t iteration = 0;       // 1-based, counting skipped steps
+  // Whether the host read the step state after this step (StateReads): only then are the fields below filled in;
+  // otherwise they are 0/false/NaN-free defaults and the values carry over to the next read.
+  bool read = false;
   bool skipped = false;        // the agreed found_inf: nothing but the scaler changed
   float scale = 1.0f;          // loss scale this step ran with
   float lr = 0.0f;             // learning rate applied (0 when skipped)
-  double loss = 0.0;           // this rank's share of the step's mean loss (sum over ranks = the mean)
+  // This rank's share of the mean loss of every step since the previous read (sum over ranks = the sum of those
+  // steps' mean losses; one step's mean loss when every step is read).
+  double loss = 0.0;
   double grad_norm = 0.0;      // global L2 norm of the unscaled gradient before clipping (NaN when skipped)
-  int64_t global_samples = 0;  // samples in the step over all ranks and micro-batches
+  int64_t global_samples = 0;  // samples in this step over all ranks and micro-batches (always filled in)
   bool stop = false;           // some rank was asked to stop (SIGTERM/SIGUSR1): save and stop after this step
-  int dropped_ranks = 0;       // on_nonfinite DROP_RANK: ranks whose non-finite gradient was left out
-  int64_t dropped_samples = 0; // and their samples
+  int dropped_ranks = 0;       // on_nonfinite DROP_RANK: ranks whose non-finite gradient was left out (since the
+  int64_t dropped_samples = 0; // previous read), and their samples
   // precision.numerics_report_every: the per-layer report of this step, on every rank (null when not due).
   std::shared_ptr<const NumericsReport> numerics;
 };
+
+// When the host reads the step state back (StepResult::read). kEveryStep, the default, suits host-side loops and
+// tests that look at every step's result. kDueSteps reads only at the steps DueSteps::read names (log, checkpoint,
+// evaluation, epoch end, last step): the training loop's setting on both backends, so the CPU runs the GPU's
+// timing of decisions. A stop request or a scaler limit then takes effect at the next read.
+enum class StateReads { kEveryStep, kDueSteps };
 
 // Set from a signal handler (SIGTERM, SIGUSR1) or a test; read by every step and agreed on by the consensus.
 std::atomic<bool>& stop_request();
@@ -66,13 +87,6 @@ class Trainer {
   ~Trainer();
 
   // The next step from the training data.
-  //
-  // On the GPU the step is queued on the compute stream without waiting for it: a skipped step is decided, and the
-  // loss scale, learning rate, clip factor and optimizer gate computed, on the device. The host reads the device's
-  // state only at steps where the loop needs values (log steps, checkpoint steps, evaluation steps, the last step;
-  // see sync_due()); there the StepResult is complete and `loss` is this rank's share of the losses of every step
-  // since the previous such read (so a window's sum is unchanged). At other steps loss, lr, grad_norm, skipped and
-  // stop are 0/false. A stop request is therefore acted on at the next such step.
   StepResult step();
   // One step on explicitly given micro-batches of this rank (accumulation = micro.size(), which must be the same on
   // every rank); global_samples: samples of the step over all ranks (the loss divisor).
@@ -80,9 +94,14 @@ class Trainer {
   // Accuracy and loss on the whole test set, each rank taking a contiguous slice; counts summed over ranks.
   EvalResult evaluate();
 
+  void set_state_reads(StateReads r) { reads_ = r; }
+  // Reads the step state now (on the GPU: waits for the queued steps): the values since the previous read.
+  StepResult read_now();
   int64_t iteration() const { return iteration_; }
+  // The step state where it lives (device memory on the GPU); for tests and tools that look without reading.
+  const StepStateBuffer& step_state() const { return *state_; }
 
-  // The state a checkpoint saves, as views (run_id: the run's identity, kept across resumes).
+  // The state a checkpoint saves, as views (run_id: the run's identity, kept across resumes). Reads the step state.
   CheckpointState checkpoint_state();
   // Continues from a loaded checkpoint's manifest: iteration, loss scaler, optimizer step count, sampler position.
   // The buffers themselves were filled by load_checkpoint through checkpoint_state(). When the checkpoint's working
@@ -96,41 +115,48 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   int64_t epoch_of(int64_t iteration) const;  // 0-based epoch of a 1-based iteration
   DType working_dtype() const { return masters_->working_dtype(); }
-  // Where the step runs: the communicator's device (CPU with MpiCommunicator, the current GPU with
-  // NcclCommunicator; see step() for what differs on the GPU).
+  // Where the step runs: the communicator's device (CPU with MpiCommunicator, the current GPU with NcclCommunicator).
   Device device() const { return device_; }
   int64_t micro_batch_size() const { return micro_batch_; }
+  const DueSteps& due() const { return *due_; }
 
   Module& model() { return *model_; }
   MasterWeights& masters() { return *masters_; }
+  // The host's view of the loss scaler and the optimizer's step count: up to date after every read.
   LossScaler& scaler() { return scaler_; }
   Optimizer& optimizer() { return *optimizer_; }
-  const LrSchedule& schedule() const { return schedule_; }
   Reducer& reducer() { return *reducer_; }
   Consensus& consensus() { return consensus_; }
   Communicator& comm() { return comm_; }
   const RunConfig& config() const { return cfg_; }
 
-  // ---- observability (runtime/obs) ----
-  // The step's phase timer (log.phase_timing; null when off). The training loop collects it at log steps and
-  // times checkpoint saves with it.
+  // The step's phase timer (log.phase_timing; null when off): host clocks on the CPU, CUDA events on the GPU. The
+  // training loop collects it at log steps and times checkpoint saves with it.
   PhaseTimer* phase_timer() { return timer_.get(); }
 
  private:
+  // ---- step.cc
   void on_grad_ready(Parameter& p);
-  void apply_faults();
-  // DROP_RANK: agrees on which ranks' local gradients are non-finite, zeroes this rank's if so, and returns the
-  // factor that turns the sum over the remaining ranks into their mean (0 when no rank is left).
-  double drop_nonfinite_ranks(int64_t local_samples, int64_t global_samples, StepResult& r);
-  const Tensor& maybe_inject_input(const Tensor& x);
-  // CUDA backend.
-  StepResult step_device(std::span<const MicroBatch> micro, int64_t global_samples);
-  bool sync_due(int64_t iteration) const;
-  void read_device_state(StepResult& r);  // device -> host, updates scaler and optimizer step count
-  void push_device_state();               // host scaler and optimizer step count -> device
+  // The input of micro-batch k on the step's device (the host tensor when the model reads its input there).
+  const Tensor& device_input(const MicroBatch& mb, size_t k);
+  // DROP_RANK: the ranks whose own gradient is non-finite contribute zeros; the unscale factor corrects the mean.
+  void drop_nonfinite_ranks(int64_t local_samples, int64_t global_samples);
+  ConsensusFields consensus_fields();
+  // The agreed skip flag of the step just decided, on the host (a 4-byte read: the modes that need it every step).
+  bool agreed_found_inf();
+  // ---- train_state.cc
+  void read_state(StepResult& r);  // the step state -> host: scaler, step count, result fields; throws on a status
+  void write_state();              // host scaler and step count -> the step state
+  StepConfig make_step_config() const;
+  // ---- observers.cc
+  void setup_observers();
+  void on_layer_output(size_t index, Module& layer, Tensor& y);
+  void phase_begin(Phase p) { if (timer_) timer_->begin(p); }
+  void phase_end(Phase p) { if (timer_) timer_->end(p); }
 
   RunConfig cfg_;
   Communicator& comm_;
+  Device device_ = Device::kCPU;
   std::unique_ptr<Module> model_;
   std::unique_ptr<Criterion> criterion_;
   std::shared_ptr<const Dataset> train_, test_;
@@ -140,37 +166,34 @@ class Trainer {
   std::unique_ptr<Reducer> reducer_;
   Consensus consensus_;
   std::unique_ptr<Optimizer> optimizer_;
-  LrSchedule schedule_;
+  std::unique_ptr<StepStateBuffer> state_;
+  StepConfig step_cfg_;
   std::unique_ptr<Loader> loader_;
   std::optional<DistributedSampler> sampler_;
+  std::unique_ptr<DueSteps> due_;
+  FaultHook faults_;
+  StateReads reads_ = StateReads::kEveryStep;
   int64_t micro_batch_ = 0, total_steps_ = 0, iteration_ = 0;
   GradContext grad_ctx_;
   bool final_micro_ = false;
-  Tensor injected_x_, eval_x_, eval_x_dev_;
+  double host_loss_since_read_ = 0.0;  // losses of criteria without the state path, since the last read
+  std::vector<Tensor> x_dev_;          // inputs copied to the GPU, per micro-batch
+  Tensor eval_x_, eval_x_dev_;
   std::vector<int32_t> eval_y_;
-  std::string run_id_;
-  Device device_ = Device::kCPU;
-  Tensor device_state_;                 // bytes of a DeviceTrainState on the GPU
-  DeviceTrainState* dstate_ = nullptr;  // = device_state_.data()
-  StepConfig step_cfg_;
-  std::vector<Tensor> x_dev_;           // inputs copied to the GPU, per micro-batch
-  Tensor host_master_;                  // host copies for checkpoints of GPU runs
+  Tensor host_master_;                 // host copies for checkpoints of GPU runs
   std::vector<Tensor> host_optim_;
-  double host_loss_since_read_ = 0.0;   // losses of criteria without a device path, since the last read
+  std::string run_id_;
 
-  // ---- observability (runtime/obs) ----
-  void phase_begin(Phase p) { if (timer_) timer_->begin(p); }
-  void phase_end(Phase p) { if (timer_) timer_->end(p); }
-  void setup_observers();
-  void on_layer_output(size_t index, Module& layer, Tensor& y);
+  // ---- observability (runtime/obs)
   std::unique_ptr<PhaseTimer> timer_;
   std::unique_ptr<NumericsMonitor> numerics_;
-  bool observing_ = false;            // inside a training step's forward (evaluation is not observed)
+  bool observing_ = false;  // inside a training step's forward (evaluation is not observed)
   bool first_micro_ = false;
   bool reported_first_nonfinite_ = false;
 };
 
-// The trainer of a config: its datasets (data {...}), its model (model {...}) with softmax cross-entropy.
+// The trainer of a config: its datasets (data {...}) and its model (model {...}) with its loss
+// (train/model_factory.cc).
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm);
 
 }  // namespace ampdist

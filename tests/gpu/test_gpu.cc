@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -24,6 +25,8 @@
 #include <vector>
 
 #include "runtime/ampdist.h"
+#include "runtime/amp/step_state_buffer.h"
+#include "comm/cuda/consensus_kernels.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "runtime/core/device.h"
 #include "runtime/kernels/device_ops.h"
@@ -301,37 +304,38 @@ TEST(GpuKernels, DeviceStepKernelsEqualTheHostFormulas) {
   c.adamw = true;
   c.scaler.dynamic = true;
   c.scaler.growth_interval = 2;
-  DeviceTrainState host;
+  StepState host;
   host.scaler.scale = 65536.0f;
-  Tensor buf = Tensor::zeros({static_cast<int64_t>((sizeof(DeviceTrainState) + 3) / 4)}, DType::kFloat32,
-                             Device::kCUDA);
-  auto* dev = static_cast<DeviceTrainState*>(buf.data());
-  device::copy(dev, Device::kCUDA, &host, Device::kCPU, sizeof host);
-  device::synchronize();
+  StepStateBuffer buf(Device::kCUDA);
+  buf.write(host);
+  StepState* dev = buf.get();
+  const ConsensusFields dev_fields{&dev->found_inf,        &dev->scaler.scale, &dev->scaler.growth_tracker,
+                                   &dev->agreed_found_inf, &dev->agreed_stop,  &dev->disagree};
+  Tensor payload = Tensor::zeros({kConsensusWords}, DType::kFloat32, Device::kCUDA);
   Tensor g = host_tensor(random_values(1000, 61, 100.0f), DType::kFloat32).to(Device::kCUDA);
   const bool flags[] = {false, false, true, false, false, false};
   for (int it = 0; it < 6; ++it) {
-    kernels::gpu::step_begin(dev);
+    buf.begin_step();
     Tensor gi = g.to(Device::kCUDA);
     if (flags[it]) {
       const float inf = std::numeric_limits<float>::infinity();
       device::copy(gi.data(), Device::kCUDA, &inf, Device::kCPU, sizeof inf);
     }
-    kernels::gpu::unscale_and_check(gi, dev);
-    kernels::gpu::step_fill_consensus(dev, false);
-    kernels::gpu::step_finish(dev, c, 8.0);
+    kernels::unscale_and_check(gi, &dev->inv_scale, &dev->found_inf, &dev->sum_sq);
+    // The consensus of one rank (the all-reduce is the identity): its fill and decode kernels.
+    cuda::launch_consensus_fill(static_cast<float*>(payload.data()), dev_fields, false, device::compute_stream());
+    cuda::launch_consensus_decode(static_cast<const float*>(payload.data()), dev_fields, device::compute_stream());
+    buf.finish_step(c, 8.0);
     // The host replays the same step from the device's own sums.
-    DeviceTrainState d;
-    device::copy(&d, Device::kCPU, dev, Device::kCUDA, sizeof d);
+    const StepState d = buf.read();
     host.found_inf = flags[it] ? 1.0f : 0.0f;
     host.sum_sq = d.sum_sq;
     host.step_loss = 0.0;
-    for (int q = 0; q < 6; ++q) host.consensus[q] = 0;
-    host.consensus[0] = host.found_inf;
-    host.consensus[1] = host.scaler.scale;
-    host.consensus[2] = -host.scaler.scale;
-    host.consensus[3] = static_cast<float>(host.scaler.growth_tracker);
-    host.consensus[4] = -host.consensus[3];
+    const ConsensusFields host_fields{&host.found_inf,        &host.scaler.scale, &host.scaler.growth_tracker,
+                                      &host.agreed_found_inf, &host.agreed_stop,  &host.disagree};
+    float v[kConsensusWords];
+    consensus_fill(v, host_fields, false);
+    consensus_decode(v, host_fields);
     finish_step(host, c, 8.0);
     EXPECT_EQ(d.last_skipped, host.last_skipped) << it;
     EXPECT_EQ(d.gate.apply, host.gate.apply) << it;
@@ -478,6 +482,7 @@ TEST(GpuTraining, MlpTrainsInEveryPrecisionAndFp32TracksTheCpu) {
     SCOPED_TRACE(dtype);
     auto t = make_trainer(cfg_of(synthetic_job(dtype)), comm);
     ASSERT_EQ(t->device(), Device::kCUDA);
+    t->set_state_reads(StateReads::kDueSteps);  // as the training loop: reads at the log steps (32, 64, 96)
     double first = 0.0, last = 0.0;
     for (int i = 0; i < 96; ++i) {
       const StepResult r = t->step();
@@ -500,6 +505,95 @@ TEST(GpuTraining, MlpTrainsInEveryPrecisionAndFp32TracksTheCpu) {
     const std::vector<uint64_t> h = comm.allgather_u64(t->masters().hash(), "hash");
     for (uint64_t x : h) EXPECT_EQ(x, h[0]) << "master weights differ across ranks";
   }
+}
+
+// ---- the step's modes and observers on the GPU against the CPU backend -------------------------------------------
+
+std::string observed_job(const std::string& extra) {
+  return R"(
+      model { mlp { hidden: [64, 32] } }
+      data { synthetic { train_samples: 512 test_samples: 64 features: 32 classes: 4 } global_batch_size: 64 }
+      optimizer { sgd { momentum: 0.9 } lr: 0.05 }
+      train { steps: 6 seed: 3 }
+      )" + extra;
+}
+
+TEST(GpuObservers, DropRankDropsTheSameRanksAndSamplesAsTheCpu) {
+  REQUIRE_GPU_PER_RANK();
+  NcclCommunicator& comm = nccl();
+  MpiCommunicator cpu_comm(MPI_COMM_WORLD, 60.0);
+  const int last = comm.world_size() - 1;
+  const std::string cfg = observed_job(R"(
+      precision { dtype: FP32 on_nonfinite: DROP_RANK }
+      fault { inject_nonfinite { step: 3 rank: )" + std::to_string(last) + R"( element: 5 target: INPUT value: QNAN } })");
+  auto cpu = make_trainer(cfg_of(cfg), cpu_comm);
+  auto gpu = make_trainer(cfg_of(cfg), comm);
+  ASSERT_EQ(gpu->device(), Device::kCUDA);
+  for (int step = 1; step <= 6; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepResult a = cpu->step(), b = gpu->step();
+    EXPECT_EQ(b.dropped_ranks, a.dropped_ranks);
+    EXPECT_EQ(b.dropped_samples, a.dropped_samples);
+    EXPECT_EQ(b.skipped, a.skipped);  // one rank: dropping it leaves no sample, and the step is skipped
+    if (step == 3) {
+      EXPECT_EQ(a.dropped_ranks, 1);
+      EXPECT_EQ(a.dropped_samples, 64 / comm.world_size());
+    }
+  }
+  // FP32 everywhere; the GEMMs' summation order differs (the GEMM bound above): after 6 SGD steps the weights agree
+  // to a relative 1e-4 (lr 0.05 times gradients of order 1 times a few ulps of drift per step).
+  const std::vector<float> w_cpu = floats(cpu->masters().master()), w_gpu = floats(gpu->masters().master());
+  ASSERT_EQ(w_cpu.size(), w_gpu.size());
+  for (size_t i = 0; i < w_cpu.size(); ++i) EXPECT_NEAR(w_gpu[i], w_cpu[i], 1e-4f * (1.0f + std::fabs(w_cpu[i]))) << i;
+}
+
+TEST(GpuObservers, NumericsReportNamesTheSameLayerAsTheCpu) {
+  REQUIRE_GPU_PER_RANK();
+  NcclCommunicator& comm = nccl();
+  MpiCommunicator cpu_comm(MPI_COMM_WORLD, 60.0);
+  const std::string cfg = observed_job(R"(
+      precision { dtype: FP16 numerics_report_every: 2 }
+      fault { inject_nonfinite { step: 3 rank: 0 element: 7 target: ACTIVATION layer: "fc2" value: POS_INF } })");
+  auto cpu = make_trainer(cfg_of(cfg), cpu_comm);
+  auto gpu = make_trainer(cfg_of(cfg), comm);
+  for (int step = 1; step <= 6; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const StepResult a = cpu->step(), b = gpu->step();
+    ASSERT_EQ(static_cast<bool>(a.numerics), static_cast<bool>(b.numerics));
+    if (!a.numerics) continue;
+    EXPECT_EQ(b.numerics->first_nonfinite_layer, a.numerics->first_nonfinite_layer);
+    EXPECT_EQ(b.numerics->first_nonfinite_pass, a.numerics->first_nonfinite_pass);
+    ASSERT_EQ(b.numerics->layers.size(), a.numerics->layers.size());
+    for (size_t l = 0; l < a.numerics->layers.size(); ++l) {
+      const LayerNumerics &x = a.numerics->layers[l], &y = b.numerics->layers[l];
+      EXPECT_EQ(y.name, x.name);
+      EXPECT_EQ(y.grad_elements, x.grad_elements);
+      EXPECT_EQ(std::isinf(y.act_max), std::isinf(x.act_max)) << x.name;
+      // fp16 activations: the two backends' GEMMs round slightly different FP32 sums, so maxima agree to a few
+      // fp16 ulps (2^-10 relative each); 1% covers them and the drift of a few SGD steps.
+      if (std::isfinite(x.act_max)) EXPECT_NEAR(y.act_max, x.act_max, 0.01 * x.act_max + 1e-6) << x.name;
+    }
+  }
+  EXPECT_EQ(cpu->scaler().state().skipped_steps, 1);
+  EXPECT_EQ(gpu->scaler().state().skipped_steps, 1);
+}
+
+TEST(GpuObservers, PhaseTimingWithCudaEventsCoversTheDevicePhases) {
+  REQUIRE_GPU_PER_RANK();
+  NcclCommunicator& comm = nccl();
+  auto t = make_trainer(cfg_of(observed_job("precision { dtype: BF16 } log { phase_timing: true }")), comm);
+  ASSERT_NE(t->phase_timer(), nullptr);
+  EXPECT_NE(dynamic_cast<CudaEventPhaseTimer*>(t->phase_timer()), nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 6; ++i) t->step();
+  t->read_now();  // the last step is done
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const PhaseTimes pt = t->phase_timer()->collect();
+  EXPECT_EQ(pt.steps, 6);
+  for (Phase p : {Phase::kForward, Phase::kBackward, Phase::kUnscaleConsensus, Phase::kOptimizer})
+    EXPECT_GT(pt[p], 0.0) << phase_name(p);
+  // GPU time inside the steps cannot exceed the wall time of the steps (each phase is timed once, without overlap).
+  EXPECT_LE(pt.total(), wall * 1.05 + 1e-3);
 }
 
 #endif  // AMPDIST_HAVE_CUDA

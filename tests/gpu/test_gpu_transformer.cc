@@ -178,8 +178,8 @@ ModelRun run_model(Device device) {
   GptModel model(cfg, Autocast(DType::kFloat32), 5);
   std::vector<Parameter*> params;
   model.collect_parameters(params);
-  MasterWeights mw(params, DType::kFloat32, device);
-  mw.initialize(11);
+  auto masters = bind_parameters(params, DType::kFloat32, device, 11);
+  MasterWeights& mw = *masters;
   model.set_mode(true, 3);
   LanguageModelLoss crit(model);
   const Tensor x = windows(cfg, 4);  // token ids stay on the host on either device

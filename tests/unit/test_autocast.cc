@@ -89,8 +89,8 @@ TEST(Autocast, LinearComputesInAutocastDtype) {
   EXPECT_EQ(params[1]->name, "fc1.bias");
   EXPECT_EQ(params[0]->shape, (Shape{3, 4}));
   EXPECT_FLOAT_EQ(params[0]->init_bound, 0.5f);  // 1/sqrt(in = 4), as nn.Linear
-  MasterWeights mw(params, DType::kFloat16);
-  mw.initialize(3);
+  auto masters = bind_parameters(params, DType::kFloat16, Device::kCPU, 3);
+  MasterWeights& mw = *masters;
   Tensor x = Tensor::zeros({2, 4}, DType::kFloat32);
   x.data_as<float>()[1] = 1.0f;
   const Tensor& y = fc1.forward(x);

@@ -15,7 +15,7 @@
 namespace ampdist {
 namespace {
 
-// Parameters of the given sizes, owned by the fixture, laid out by MasterWeights.
+// Parameters of the given sizes, owned by the fixture, bound to flat buffers (bind_parameters).
 struct Params {
   std::vector<std::unique_ptr<Parameter>> owned;
   std::vector<Parameter*> ptrs;
@@ -30,7 +30,7 @@ struct Params {
       ptrs.push_back(p.get());
       owned.push_back(std::move(p));
     }
-    mw = std::make_unique<MasterWeights>(ptrs, working);
+    mw = bind_parameters(ptrs, working, Device::kCPU, 0);
   }
 };
 
@@ -89,32 +89,32 @@ TEST(PlanBuckets, ExactLayoutsFp32) {
   ASSERT_EQ(ps.mw->numel(), 385);
   // Bytes at 4 per element, in reverse order: p5 20, p4 200, p3 80, p2 800, p1 40, p0 400.
   // cap 400: 20+200+80 = 300 | 800 alone (over the cap) | 40 (+400 = 440 > 400) | 400.
-  expect_layout(plan_buckets(ps.ptrs, 400, 4),
+  expect_layout(plan_buckets(ps.mw->layout(), 400, 4),
                 {{310, 385, {5, 4, 3}}, {110, 310, {2}}, {100, 110, {1}}, {0, 100, {0}}}, "cap 400");
   // cap 1000: 300 | 800+40 = 840 | 400.
-  expect_layout(plan_buckets(ps.ptrs, 1000, 4), {{310, 385, {5, 4, 3}}, {100, 310, {2, 1}}, {0, 100, {0}}},
+  expect_layout(plan_buckets(ps.mw->layout(), 1000, 4), {{310, 385, {5, 4, 3}}, {100, 310, {2, 1}}, {0, 100, {0}}},
                 "cap 1000");
   // cap 220: exactly full is allowed: 20+200 | 80 | 800 | 40 | 400.
-  expect_layout(plan_buckets(ps.ptrs, 220, 4),
+  expect_layout(plan_buckets(ps.mw->layout(), 220, 4),
                 {{330, 385, {5, 4}}, {310, 330, {3}}, {110, 310, {2}}, {100, 110, {1}}, {0, 100, {0}}}, "cap 220");
   // A cap below every parameter: one bucket each.
-  expect_layout(plan_buckets(ps.ptrs, 1, 4),
+  expect_layout(plan_buckets(ps.mw->layout(), 1, 4),
                 {{380, 385, {5}}, {330, 380, {4}}, {310, 330, {3}}, {110, 310, {2}}, {100, 110, {1}}, {0, 100, {0}}},
                 "cap 1");
   // Large cap: one bucket.
-  expect_layout(plan_buckets(ps.ptrs, 25 << 20, 4), {{0, 385, {5, 4, 3, 2, 1, 0}}}, "cap 25 MiB");
+  expect_layout(plan_buckets(ps.mw->layout(), 25 << 20, 4), {{0, 385, {5, 4, 3, 2, 1, 0}}}, "cap 25 MiB");
 }
 
 TEST(PlanBuckets, ExactLayoutsFp16) {
   Params ps(sizes_to_shapes(kSizes));
   // Bytes at 2 per element: p5 10, p4 100, p3 40, p2 400, p1 20, p0 200.
   // cap 400: 10+100+40 = 150 (+400 > 400) | 400 | 20+200 = 220.
-  expect_layout(plan_buckets(ps.ptrs, 400, 2), {{310, 385, {5, 4, 3}}, {110, 310, {2}}, {0, 110, {1, 0}}},
+  expect_layout(plan_buckets(ps.mw->layout(), 400, 2), {{310, 385, {5, 4, 3}}, {110, 310, {2}}, {0, 110, {1, 0}}},
                 "cap 400");
   // cap 770 = the whole model exactly: one bucket.
-  expect_layout(plan_buckets(ps.ptrs, 770, 2), {{0, 385, {5, 4, 3, 2, 1, 0}}}, "cap 770");
+  expect_layout(plan_buckets(ps.mw->layout(), 770, 2), {{0, 385, {5, 4, 3, 2, 1, 0}}}, "cap 770");
   // cap 769: 770 does not fit; the last parameter spills.
-  expect_layout(plan_buckets(ps.ptrs, 769, 2), {{100, 385, {5, 4, 3, 2, 1}}, {0, 100, {0}}}, "cap 769");
+  expect_layout(plan_buckets(ps.mw->layout(), 769, 2), {{100, 385, {5, 4, 3, 2, 1}}, {0, 100, {0}}}, "cap 769");
 }
 
 TEST(PlanBuckets, InvariantsForManyCaps) {
@@ -122,7 +122,7 @@ TEST(PlanBuckets, InvariantsForManyCaps) {
   for (int64_t elem : {2, 4})
     for (int64_t cap : {1, 8, 100, 128, 256, 257, 600, 1000, 2000, 4000, 100000}) {
       SCOPED_TRACE("cap " + std::to_string(cap) + " elem " + std::to_string(elem));
-      check_invariants(plan_buckets(ps.ptrs, cap, elem), ps, cap, elem);
+      check_invariants(plan_buckets(ps.mw->layout(), cap, elem), ps, cap, elem);
     }
 }
 
@@ -209,9 +209,9 @@ TEST(MasterWeights, InitializeIsDeterministicPerSeed) {
   a.ptrs[1]->init = ParamInit::kZeros;
   b.ptrs[1]->init = ParamInit::kZeros;
   c.ptrs[1]->init = ParamInit::kZeros;
-  a.mw->initialize(42);
-  b.mw->initialize(42);
-  c.mw->initialize(43);
+  initialize_parameters(a.ptrs, *a.mw, 42);
+  initialize_parameters(b.ptrs, *b.mw, 42);
+  initialize_parameters(c.ptrs, *c.mw, 43);
   const size_t bytes = a.mw->master().nbytes();
   EXPECT_EQ(std::memcmp(a.mw->master().data(), b.mw->master().data(), bytes), 0);
   EXPECT_EQ(a.mw->hash(), b.mw->hash());
@@ -238,14 +238,14 @@ TEST(MasterWeights, Fp32WorkingAliasesMaster) {
   EXPECT_EQ(mw.working().data(), mw.master().data());
   EXPECT_EQ(mw.working().dtype(), DType::kFloat32);
   for (Parameter* p : ps.ptrs) EXPECT_EQ(p->working.data(), p->master.data());
-  mw.initialize(1);
+  initialize_parameters(ps.ptrs, mw, 1);
   mw.cast_to_working();  // a no-op
   EXPECT_EQ(mw.working().data(), mw.master().data());
 }
 
 TEST(MasterWeights, HashTracksEveryWeight) {
   Params ps({{10}, {10}}, DType::kFloat32);
-  ps.mw->initialize(5);
+  initialize_parameters(ps.ptrs, *ps.mw, 5);
   const uint64_t h0 = ps.mw->hash();
   EXPECT_EQ(ps.mw->hash(), h0);
   float* last = ps.ptrs[1]->master.data_as<float>() + 9;

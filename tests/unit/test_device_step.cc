@@ -1,6 +1,7 @@
-// The device-resident step's scalar logic (kernels/step_math.h), run on the host: the GPU runs these functions in
-// one thread after the consensus all-reduce, so these tests check that arithmetic against the CPU backend's classes
-// (LossScaler, LrSchedule, clip_grad_norm, AdamW's bias corrections), bit for bit.
+// The step state's scalar logic (amp/step_state.h's finish_step, comm/consensus_payload.h's layout), run on the host:
+// the CPU step calls these functions directly and the GPU runs them in one thread around the consensus all-reduce,
+// so these tests check that arithmetic against the host-side classes (LossScaler, LrSchedule, clip_grad_norm, AdamW's
+// bias corrections), bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +10,8 @@
 
 #include "runtime/ampdist.h"
 #include "runtime/core/device.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/amp/step_state.h"
+#include "comm/consensus_payload.h"
 
 namespace ampdist {
 namespace {
@@ -44,20 +46,28 @@ StepSetup make_setup() {
   return s;
 }
 
-// The consensus payload every rank would contribute (one rank: the all-reduce is the identity).
-void fill(DeviceTrainState& st, bool found_inf, bool stop) {
-  const float g = static_cast<float>(st.scaler.growth_tracker);
-  st.consensus[0] = found_inf ? 1.0f : 0.0f;
-  st.consensus[1] = st.scaler.scale;
-  st.consensus[2] = -st.scaler.scale;
-  st.consensus[3] = g;
-  st.consensus[4] = -g;
-  st.consensus[5] = stop ? 1.0f : 0.0f;
+ConsensusFields fields_of(StepState& st) {
+  return ConsensusFields{&st.found_inf,        &st.scaler.scale, &st.scaler.growth_tracker,
+                         &st.agreed_found_inf, &st.agreed_stop,  &st.disagree};
+}
+
+// The consensus of one rank (the all-reduce is the identity): `edit` may change the reduced payload first, as other
+// ranks' contributions would.
+template <typename Edit>
+void agree_alone(StepState& st, bool found_inf, bool stop, Edit edit) {
+  st.found_inf = found_inf ? 1.0f : 0.0f;
+  float v[kConsensusWords];
+  consensus_fill(v, fields_of(st), stop);
+  edit(v);
+  consensus_decode(v, fields_of(st));
+}
+void fill(StepState& st, bool found_inf, bool stop) {
+  agree_alone(st, found_inf, stop, [](float*) {});
 }
 
 TEST(DeviceStep, FinishStepEqualsTheCpuClassesOverSkipsGrowthAndSchedule) {
   StepSetup s = make_setup();
-  DeviceTrainState st;
+  StepState st;
   st.scaler = s.scaler.scalars();
   int64_t applied = 0;
   // Overflows at 2, 5, 6 (the second backoff needs hysteresis 2), growth every 3 clean steps otherwise.
@@ -108,10 +118,10 @@ TEST(DeviceStep, FinishStepEqualsTheCpuClassesOverSkipsGrowthAndSchedule) {
 
 TEST(DeviceStep, RanksThatDisagreeOnTheScaleAreReported) {
   StepSetup s = make_setup();
-  DeviceTrainState st;
+  StepState st;
   st.scaler = s.scaler.scalars();
-  fill(st, false, false);
-  st.consensus[2] = -32768.0f;  // another rank's scale, as the MAX all-reduce of -S would show it
+  // another rank's scale, as the MAX all-reduce of -S would show it
+  agree_alone(st, false, false, [](float* v) { v[2] = -32768.0f; });
   finish_step(st, s.step, 1.0);
   EXPECT_EQ(st.status, kStateDisagree);
 }
@@ -120,7 +130,7 @@ TEST(DeviceStep, StopIsStickyAndTooManySkipsStops) {
   StepSetup s = make_setup();
   s.step.scaler.max_consecutive_skips = 2;
   s.step.scaler.dynamic = false;
-  DeviceTrainState st;
+  StepState st;
   st.scaler = s.scaler.scalars();
   fill(st, true, true);
   finish_step(st, s.step, 1.0);
@@ -147,7 +157,7 @@ TEST(DeviceStep, BackoffBelowMinScaleStops) {
   StepSetup s = make_setup();
   s.step.scaler.hysteresis = 1;
   s.step.scaler.min_scale = 65536.0f;
-  DeviceTrainState st;
+  StepState st;
   st.scaler = s.scaler.scalars();
   st.scaler.hysteresis_tracker = 1;
   fill(st, true, false);

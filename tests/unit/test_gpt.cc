@@ -79,7 +79,7 @@ std::vector<float> copy_of(const Tensor& t) {
 std::unique_ptr<MasterWeights> fp32_masters(Module& m, float lo = -0.5f, float hi = 0.5f) {
   std::vector<Parameter*> params;
   m.collect_parameters(params);
-  auto mw = std::make_unique<MasterWeights>(params, DType::kFloat32);
+  auto mw = bind_parameters(params, DType::kFloat32, Device::kCPU, 0);
   for (Parameter* p : params) {
     float* w = p->master.data_as<float>();
     for (int64_t i = 0; i < p->numel(); ++i)
@@ -375,8 +375,8 @@ TEST(GptModel, Fp16LargeInitKeepsLossFinite) {
   GptModel model(cfg, ac, 5);
   std::vector<Parameter*> params;
   model.collect_parameters(params);
-  MasterWeights mw(params, DType::kFloat16);
-  mw.initialize(9);
+  auto masters = bind_parameters(params, DType::kFloat16, Device::kCPU, 9);
+  MasterWeights& mw = *masters;
   model.set_mode(true, 1);
   LanguageModelLoss crit(model);
   const double loss = crit.forward(model.forward(windows(cfg, 2)), {});

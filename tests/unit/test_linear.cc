@@ -35,8 +35,7 @@ struct LinearFixture {
   std::unique_ptr<MasterWeights> mw;
   LinearFixture() {
     lin.collect_parameters(params);
-    mw = std::make_unique<MasterWeights>(params, DType::kFloat32);
-    mw->initialize(11);
+    mw = bind_parameters(params, DType::kFloat32, Device::kCPU, 11);
   }
   double W(int64_t o, int64_t i) const { return params[0]->master.item(o * IN + i); }
   double b(int64_t o) const { return params[1]->master.item(o); }

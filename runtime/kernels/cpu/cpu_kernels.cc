@@ -301,6 +301,47 @@ UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
   return r;
 }
 
+void unscale_and_check(Tensor& grads, const float* inv_scale, float* found_inf, double* sum_sq) {
+  const UnscaleResult u = unscale_and_check(grads, *inv_scale);
+  if (u.found_inf) *found_inf = 1.0f;
+  *sum_sq += u.sum_sq;
+}
+
+void check_nonfinite(const Tensor& x, float* bad) {
+  require_cpu("check_nonfinite", x);
+  const float* p = x.data_as<float>();
+  bool b = false;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) b |= !math::is_finite(p[i]);
+  if (b) *bad = 1.0f;
+}
+
+void zero_if(Tensor& x, const float* flag) {
+  require_cpu("zero_if", x);
+  if (*flag > 0.0f) std::memset(x.data(), 0, x.nbytes());
+}
+
+AbsStats abs_stats(const Tensor& x, float threshold) {
+  require_cpu("abs_stats", x);
+  AbsStats s;
+  dispatch_dtype(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.data_as<T>();
+    float m = 0.0f;
+    bool bad = false;
+    int64_t below = 0;
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+      const float v = std::fabs(static_cast<float>(p[i]));
+      bad |= !(v <= std::numeric_limits<float>::max());  // inf and NaN
+      m = v > m ? v : m;
+      below += (v != 0.0f && v <= threshold) ? 1 : 0;
+    }
+    s.max_abs = m;
+    s.nonfinite = bad;
+    s.below = below;
+  });
+  return s;
+}
+
 double sum_squares(const Tensor& x) {
   require_cpu("sum_squares", x);
   const float* p = x.data_as<float>();
@@ -309,22 +350,33 @@ double sum_squares(const Tensor& x) {
   return s;
 }
 
+void sum_squares(const Tensor& x, double* out) { *out = sum_squares(x); }
+
 void scale_inplace(Tensor& x, float factor) {
   require_cpu("scale_inplace", x);
   float* p = x.data_as<float>();
   for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] *= factor;
 }
 
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p) {
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& args, const StepGate* gate) {
   require_cpu("sgd_step", params);
   require_numel("sgd_step", params, grads);
+  if (gate && !gate->apply) return;
+  SgdParams p = args;
+  if (gate) {
+    p.lr = gate->lr;
+    p.first_step = gate->first_step != 0;
+  }
+  // Each gradient element is read as g * clip (x * 1 is x for every float, NaN included: no clipping is exact), the
+  // product the CUDA kernels form too; the gradient buffer itself is not changed.
+  const float clip = gate ? gate->clip_coef : 1.0f;
   float* w = params.data_as<float>();
   const float* g = grads.data_as<float>();
   const int64_t n = params.numel();
   if (p.momentum == 0.0f) {
     float unused = 0.0f;
     for (int64_t i = 0; i < n; ++i)
-      math::sgd_update(w[i], g[i], unused, p.lr, 0.0f, p.dampening, false, p.weight_decay, p.first_step);
+      math::sgd_update(w[i], g[i] * clip, unused, p.lr, 0.0f, p.dampening, false, p.weight_decay, p.first_step);
     return;
   }
   require_numel("sgd_step", params, momentum_buf);
@@ -339,7 +391,7 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
     const float lr = p.lr, momentum = p.momentum, dampening = p.dampening;
     const float wd = decltype(decay)::value ? p.weight_decay : 0.0f;
     for (int64_t i = 0; i < n; ++i)
-      math::sgd_update(pw[i], pg[i], pb[i], lr, momentum, dampening, decltype(nesterov)::value, wd,
+      math::sgd_update(pw[i], pg[i] * clip, pb[i], lr, momentum, dampening, decltype(nesterov)::value, wd,
                        decltype(first)::value);
   };
   using T = std::true_type;
@@ -354,13 +406,22 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
   }
 }
 
-void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p) {
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
+                const StepGate* gate) {
   require_cpu("adamw_step", params);
   require_numel("adamw_step", params, grads);
   require_numel("adamw_step", params, m);
   require_numel("adamw_step", params, v);
-  const float bc1 = static_cast<float>(1.0 - std::pow(p.beta1, static_cast<double>(p.step)));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(p.beta2, static_cast<double>(p.step))));
+  if (gate && !gate->apply) return;
+  float bc1, bc2_sqrt, lr = p.lr;
+  if (gate) {
+    bc1 = gate->bias_correction1;
+    bc2_sqrt = gate->bias_correction2_sqrt;
+    lr = gate->lr;
+  } else {
+    adamw_bias_corrections(p.beta1, p.beta2, p.step, bc1, bc2_sqrt);
+  }
+  const float clip = gate ? gate->clip_coef : 1.0f;  // as in sgd_step
   const float b1 = static_cast<float>(p.beta1), omb1 = static_cast<float>(1.0 - p.beta1);
   const float b2 = static_cast<float>(p.beta2), omb2 = static_cast<float>(1.0 - p.beta2);
   const float eps = static_cast<float>(p.eps);
@@ -369,7 +430,7 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
   float* pm = m.data_as<float>();
   float* pv = v.data_as<float>();
   for (int64_t i = 0, n = params.numel(); i < n; ++i)
-    math::adamw_update(w[i], g[i], pm[i], pv[i], p.lr, b1, omb1, b2, omb2, eps, p.weight_decay, bc1, bc2_sqrt);
+    math::adamw_update(w[i], g[i] * clip, pm[i], pv[i], lr, b1, omb1, b2, omb2, eps, p.weight_decay, bc1, bc2_sqrt);
 }
 
 }  // namespace ampdist::kernels::cpu

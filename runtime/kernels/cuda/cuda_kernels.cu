@@ -13,7 +13,7 @@
 #include "runtime/kernels/cuda/cuda_ops.h"
 #include "runtime/kernels/cuda/device_access.cuh"
 #include "runtime/kernels/math.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/kernels/step_math.h"  // StepGate
 
 namespace ampdist::cuda {
 namespace {
@@ -159,10 +159,10 @@ template <SumKind K> __global__ void k_sum_pass1(const float* x, int64_t n, doub
   if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 
-__global__ void k_unscale_pass1(float* g, int64_t n, float inv_scale, const float* scale_dev, float* found_inf,
+__global__ void k_unscale_pass1(float* g, int64_t n, float inv_scale, const float* inv_scale_dev, float* found_inf,
                                 double* part) {
   __shared__ double sh[kThreads];
-  const float inv = scale_dev ? 1.0f / *scale_dev : inv_scale;
+  const float inv = inv_scale_dev ? *inv_scale_dev : inv_scale;
   double acc = 0.0;
   bool bad = false;
   GRID_STRIDE(i, n) {
@@ -222,22 +222,34 @@ __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n,
   }
 }
 
-// ---- the device-resident step ----------------------------------------------------------------------------------
-__global__ void k_step_begin(DeviceTrainState* s) {
-  s->found_inf = 0.0f;
-  s->sum_sq = 0.0;
-  s->step_loss = 0.0;
+// ---- checks of the step and of the numerics report -----------------------------------------------------------------
+__global__ void k_check_nonfinite(const float* x, int64_t n, float* bad) {
+  bool b = false;
+  GRID_STRIDE(i, n) b |= !math::is_finite(x[i]);
+  if (b) *bad = 1.0f;  // benign race: every writer stores the same value
 }
-__global__ void k_step_fill(DeviceTrainState* s, int local_stop) {
-  const float g = static_cast<float>(s->scaler.growth_tracker);
-  s->consensus[0] = s->found_inf > 0.0f ? 1.0f : 0.0f;
-  s->consensus[1] = s->scaler.scale;
-  s->consensus[2] = -s->scaler.scale;
-  s->consensus[3] = g;
-  s->consensus[4] = -g;
-  s->consensus[5] = local_stop ? 1.0f : 0.0f;
+__global__ void k_zero_if(float* x, int64_t n, const float* flag) {
+  if (!(*flag > 0.0f)) return;
+  GRID_STRIDE(i, n) x[i] = 0.0f;
 }
-__global__ void k_step_finish(DeviceTrainState* s, StepConfig cfg, double divisor) { finish_step(*s, cfg, divisor); }
+// out: [max |x| of the finite elements as uint32 bits, any non-finite (0/1), count of 0 < |x| <= threshold]. Max and
+// counts do not depend on the order of the atomics, so the result is deterministic. |x| >= 0 orders as its bits.
+template <typename T>
+__global__ void k_abs_stats(const T* x, int64_t n, float threshold, unsigned int* max_bits, unsigned int* bad,
+                            unsigned long long* below) {
+  float m = 0.0f;
+  bool b = false;
+  unsigned long long c = 0;
+  GRID_STRIDE(i, n) {
+    const float v = fabsf(ld(x, i));
+    if (!(v <= FLT_MAX)) b = true;
+    else m = v > m ? v : m;
+    c += (v != 0.0f && v <= threshold) ? 1ull : 0ull;
+  }
+  atomicMax(max_bits, __float_as_uint(m));
+  if (b) atomicOr(bad, 1u);
+  if (c) atomicAdd(below, c);
+}
 
 }  // namespace
 
@@ -350,9 +362,9 @@ void sum_squares(const float* x, int64_t n, double* out, Stream s) {
   check_launch("sum_squares");
 }
 
-void unscale_and_check(float* g, int64_t n, float inv_scale, const float* scale_dev, float* found_inf, double* sum_sq,
-                       Stream s) {
-  k_unscale_pass1<<<kReduceBlocks, kThreads, 0, st(s)>>>(g, n, inv_scale, scale_dev, found_inf, partials());
+void unscale_and_check(float* g, int64_t n, float inv_scale, const float* inv_scale_dev, float* found_inf,
+                       double* sum_sq, Stream s) {
+  k_unscale_pass1<<<kReduceBlocks, kThreads, 0, st(s)>>>(g, n, inv_scale, inv_scale_dev, found_inf, partials());
   k_sum_pass2<<<1, kThreads, 0, st(s)>>>(partials(), kReduceBlocks, sum_sq, true);
   check_launch("unscale_and_check");
 }
@@ -380,17 +392,26 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
   check_launch("adamw_step");
 }
 
-void step_begin(DeviceTrainState* state, Stream s) {
-  k_step_begin<<<1, 1, 0, st(s)>>>(state);
-  check_launch("step_begin");
+void check_nonfinite(const float* x, int64_t n, float* bad, Stream s) {
+  if (n == 0) return;
+  k_check_nonfinite<<<blocks_for(n), kThreads, 0, st(s)>>>(x, n, bad);
+  check_launch("check_nonfinite");
 }
-void step_fill_consensus(DeviceTrainState* state, int local_stop, Stream s) {
-  k_step_fill<<<1, 1, 0, st(s)>>>(state, local_stop);
-  check_launch("step_fill_consensus");
+
+void zero_if(float* x, int64_t n, const float* flag, Stream s) {
+  if (n == 0) return;
+  k_zero_if<<<blocks_for(n), kThreads, 0, st(s)>>>(x, n, flag);
+  check_launch("zero_if");
 }
-void step_finish(DeviceTrainState* state, const StepConfig& cfg, double loss_divisor, Stream s) {
-  k_step_finish<<<1, 1, 0, st(s)>>>(state, cfg, loss_divisor);
-  check_launch("step_finish");
+
+void abs_stats(const void* x, int d, int64_t n, float threshold, unsigned int* out, Stream s) {
+  if (n == 0) return;
+  by_dtype(d, [&](auto T) {
+    using TT = decltype(T);
+    k_abs_stats<TT><<<blocks_for(n), kThreads, 0, st(s)>>>(static_cast<const TT*>(x), n, threshold, out, out + 1,
+                                                           reinterpret_cast<unsigned long long*>(out + 2));
+  });
+  check_launch("abs_stats");
 }
 
 }  // namespace ampdist::cuda

@@ -51,9 +51,16 @@ void sum_squares(const float* x, int64_t n, double* out, Stream s);
 
 // One fused pass over FP32 gradients: g *= inv_scale; *found_inf = 1 if any result is inf/NaN (never reset here);
 // *sum_sq += sum of squares of the finite results (double, deterministic). inv_scale from the host value, or, when
-// `scale_dev` is non-null, 1 / *scale_dev read on the device (the device-resident loss scale).
-void unscale_and_check(float* g, int64_t n, float inv_scale, const float* scale_dev, float* found_inf, double* sum_sq,
-                       Stream s);
+// `inv_scale_dev` is non-null, *inv_scale_dev read on the device (the step state's unscale factor).
+void unscale_and_check(float* g, int64_t n, float inv_scale, const float* inv_scale_dev, float* found_inf,
+                       double* sum_sq, Stream s);
+// *bad = 1 when any x[i] is inf or NaN (never reset here).
+void check_nonfinite(const float* x, int64_t n, float* bad, Stream s);
+// x[i] = 0 for all i when *flag > 0.
+void zero_if(float* x, int64_t n, const float* flag, Stream s);
+// out[0] (as float bits) = max |x| over finite elements, out[1] = 1 when any is inf/NaN, out[2..3] (a uint64) = count
+// of 0 < |x| <= threshold; out must hold 4 zeroed words. Deterministic (maxima and counts).
+void abs_stats(const void* x, int dtype, int64_t n, float threshold, unsigned int* out, Stream s);
 void scale_inplace(float* x, int64_t n, float factor, Stream s);
 
 // Optimizer updates over flat FP32 buffers. With `gate` null the host values are used (the CPU-equivalent path);
@@ -65,13 +72,5 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
                 float beta2, float one_minus_beta2, float eps, float weight_decay, float bias_correction1,
                 float bias_correction2_sqrt, const StepGate* gate, Stream s);
 
-// ---- the device-resident step (runtime/train/device_step.*) ----------------------------------------------------
-// Zeroes state->found_inf and state->sum_sq.
-void step_begin(DeviceTrainState* state, Stream s);
-// state->consensus = [found_inf, S, -S, growth, -growth, stop_local]: the MAX all-reduce payload.
-void step_fill_consensus(DeviceTrainState* state, int local_stop, Stream s);
-// After the MAX all-reduce of state->consensus: the agreed flag, the clip factor, the learning rate, the bias
-// corrections, the gate, the loss-scaler update and the step counters (one thread; formulas in step_math.h).
-void step_finish(DeviceTrainState* state, const StepConfig& cfg, double loss_divisor, Stream s);
 
 }  // namespace ampdist::cuda

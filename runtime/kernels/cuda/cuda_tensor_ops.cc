@@ -243,6 +243,46 @@ UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
   return r;
 }
 
+void unscale_and_check(Tensor& grads, const float* inv_scale, float* found_inf, double* sum_sq) {
+  require_cuda("unscale_and_check", grads);
+  require_f32("unscale_and_check", grads);
+  launch([&] {
+    ampdist::cuda::unscale_and_check(static_cast<float*>(grads.data()), grads.numel(), 1.0f, inv_scale, found_inf,
+                                     sum_sq, stream());
+  });
+}
+
+void check_nonfinite(const Tensor& x, float* bad) {
+  require_cuda("check_nonfinite", x);
+  require_f32("check_nonfinite", x);
+  launch([&] { ampdist::cuda::check_nonfinite(static_cast<const float*>(x.data()), x.numel(), bad, stream()); });
+}
+
+void zero_if(Tensor& x, const float* flag) {
+  require_cuda("zero_if", x);
+  require_f32("zero_if", x);
+  launch([&] { ampdist::cuda::zero_if(static_cast<float*>(x.data()), x.numel(), flag, stream()); });
+}
+
+AbsStats abs_stats(const Tensor& x, float threshold) {
+  require_cuda("abs_stats", x);
+  Tensor out = scratch(3, {4}, DType::kFloat32);
+  device::memset_zero(out.data(), 4 * sizeof(uint32_t));
+  launch([&] {
+    ampdist::cuda::abs_stats(x.data(), code(x.dtype()), x.numel(), threshold, static_cast<unsigned int*>(out.data()),
+                             stream());
+  });
+  uint32_t host[4];
+  device::copy(host, Device::kCPU, out.data(), Device::kCUDA, sizeof host);  // waits
+  AbsStats s;
+  std::memcpy(&s.max_abs, &host[0], sizeof(float));
+  s.nonfinite = host[1] != 0;
+  uint64_t below;
+  std::memcpy(&below, &host[2], sizeof below);
+  s.below = static_cast<int64_t>(below);
+  return s;
+}
+
 double sum_squares(const Tensor& x) {
   require_cuda("sum_squares", x);
   require_f32("sum_squares", x);
@@ -254,13 +294,19 @@ double sum_squares(const Tensor& x) {
   return read_double(static_cast<const double*>(sum.data()));
 }
 
+void sum_squares(const Tensor& x, double* out) {
+  require_cuda("sum_squares", x);
+  require_f32("sum_squares", x);
+  launch([&] { ampdist::cuda::sum_squares(static_cast<const float*>(x.data()), x.numel(), out, stream()); });
+}
+
 void scale_inplace(Tensor& x, float factor) {
   require_cuda("scale_inplace", x);
   require_f32("scale_inplace", x);
   launch([&] { ampdist::cuda::scale_inplace(static_cast<float*>(x.data()), x.numel(), factor, stream()); });
 }
 
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p) {
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p, const StepGate* gate) {
   require_cuda("sgd_step", params);
   require_cuda("sgd_step", grads);
   require_numel("sgd_step", params, grads);
@@ -273,23 +319,24 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
   launch([&] {
     ampdist::cuda::sgd_step(static_cast<float*>(params.data()), static_cast<const float*>(grads.data()), buf,
                             params.numel(), p.lr, p.momentum, p.dampening, p.weight_decay, p.nesterov, p.first_step,
-                            nullptr, stream());
+                            gate, stream());
   });
 }
 
-void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p) {
+void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
+                const StepGate* gate) {
   require_cuda("adamw_step", params);
   require_numel("adamw_step", params, grads);
   require_numel("adamw_step", params, m);
   require_numel("adamw_step", params, v);
-  const float bc1 = static_cast<float>(1.0 - std::pow(p.beta1, static_cast<double>(p.step)));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(p.beta2, static_cast<double>(p.step))));
+  float bc1 = 1.0f, bc2_sqrt = 1.0f;  // with a gate, the kernel reads them from it
+  if (!gate) adamw_bias_corrections(p.beta1, p.beta2, p.step, bc1, bc2_sqrt);
   launch([&] {
     ampdist::cuda::adamw_step(static_cast<float*>(params.data()), static_cast<const float*>(grads.data()),
                               static_cast<float*>(m.data()), static_cast<float*>(v.data()), params.numel(), p.lr,
                               static_cast<float>(p.beta1), static_cast<float>(1.0 - p.beta1),
                               static_cast<float>(p.beta2), static_cast<float>(1.0 - p.beta2),
-                              static_cast<float>(p.eps), p.weight_decay, bc1, bc2_sqrt, nullptr, stream());
+                              static_cast<float>(p.eps), p.weight_decay, bc1, bc2_sqrt, gate, stream());
   });
 }
 
@@ -326,47 +373,6 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
   });
 }
 
-void unscale_and_check(Tensor& grads, DeviceTrainState* state) {
-  require_cuda("unscale_and_check", grads);
-  require_f32("unscale_and_check", grads);
-  launch([&] {
-    ampdist::cuda::unscale_and_check(static_cast<float*>(grads.data()), grads.numel(), 1.0f, &state->scaler.scale,
-                                     &state->found_inf, &state->sum_sq, stream());
-  });
-}
-
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, float momentum, float dampening,
-              float weight_decay, bool nesterov, const DeviceTrainState* state) {
-  require_cuda("sgd_step", params);
-  require_numel("sgd_step", params, grads);
-  float* buf = momentum != 0.0f ? static_cast<float*>(momentum_buf.data()) : nullptr;
-  launch([&] {
-    ampdist::cuda::sgd_step(static_cast<float*>(params.data()), static_cast<const float*>(grads.data()), buf,
-                            params.numel(), 0.0f, momentum, dampening, weight_decay, nesterov, false, &state->gate,
-                            stream());
-  });
-}
-
-void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, double beta1, double beta2, double eps,
-                float weight_decay, const DeviceTrainState* state) {
-  require_cuda("adamw_step", params);
-  require_numel("adamw_step", params, grads);
-  launch([&] {
-    ampdist::cuda::adamw_step(static_cast<float*>(params.data()), static_cast<const float*>(grads.data()),
-                              static_cast<float*>(m.data()), static_cast<float*>(v.data()), params.numel(), 0.0f,
-                              static_cast<float>(beta1), static_cast<float>(1.0 - beta1), static_cast<float>(beta2),
-                              static_cast<float>(1.0 - beta2), static_cast<float>(eps), weight_decay, 1.0f, 1.0f,
-                              &state->gate, stream());
-  });
-}
-
-void step_begin(DeviceTrainState* state) { launch([&] { ampdist::cuda::step_begin(state, stream()); }); }
-void step_fill_consensus(DeviceTrainState* state, bool local_stop) {
-  launch([&] { ampdist::cuda::step_fill_consensus(state, local_stop ? 1 : 0, stream()); });
-}
-void step_finish(DeviceTrainState* state, const StepConfig& cfg, double loss_divisor) {
-  launch([&] { ampdist::cuda::step_finish(state, cfg, loss_divisor, stream()); });
-}
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
 
 }  // namespace gpu
@@ -393,10 +399,15 @@ void softmax_cross_entropy_backward(const Tensor&, std::span<const int32_t>, con
 }
 int64_t count_correct(const Tensor&, std::span<const int32_t>) { no_cuda("count_correct"); }
 UnscaleResult unscale_and_check(Tensor&, float) { no_cuda("unscale_and_check"); }
+void unscale_and_check(Tensor&, const float*, float*, double*) { no_cuda("unscale_and_check"); }
+void check_nonfinite(const Tensor&, float*) { no_cuda("check_nonfinite"); }
+void zero_if(Tensor&, const float*) { no_cuda("zero_if"); }
+AbsStats abs_stats(const Tensor&, float) { no_cuda("abs_stats"); }
 double sum_squares(const Tensor&) { no_cuda("sum_squares"); }
+void sum_squares(const Tensor&, double*) { no_cuda("sum_squares"); }
 void scale_inplace(Tensor&, float) { no_cuda("scale_inplace"); }
-void sgd_step(Tensor&, const Tensor&, Tensor&, const SgdParams&) { no_cuda("sgd_step"); }
-void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&) { no_cuda("adamw_step"); }
+void sgd_step(Tensor&, const Tensor&, Tensor&, const SgdParams&, const StepGate*) { no_cuda("sgd_step"); }
+void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, const StepGate*) { no_cuda("adamw_step"); }
 }  // namespace cuda
 
 namespace gpu {
@@ -406,14 +417,6 @@ void softmax_cross_entropy_forward(const Tensor&, const Tensor&, Tensor&, Tensor
 void softmax_cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, const float*, double) {
   no_cuda("softmax_cross_entropy_backward");
 }
-void unscale_and_check(Tensor&, DeviceTrainState*) { no_cuda("unscale_and_check"); }
-void sgd_step(Tensor&, const Tensor&, Tensor&, float, float, float, bool, const DeviceTrainState*) { no_cuda("sgd_step"); }
-void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, double, double, double, float, const DeviceTrainState*) {
-  no_cuda("adamw_step");
-}
-void step_begin(DeviceTrainState*) { no_cuda("step_begin"); }
-void step_fill_consensus(DeviceTrainState*, bool) { no_cuda("step_fill_consensus"); }
-void step_finish(DeviceTrainState*, const StepConfig&, double) { no_cuda("step_finish"); }
 void set_allow_tf32(bool) {}
 }  // namespace gpu
 

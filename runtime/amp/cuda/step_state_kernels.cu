@@ -1,0 +1,43 @@
+// amp/step_state.h's functions as one-thread kernels: the same code the CPU backend calls directly, so a skipped
+// step, the loss-scale update, the schedule and the clip factor never need a host round-trip on the GPU.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "runtime/amp/cuda/step_state_kernels.h"
+
+namespace ampdist::cuda {
+namespace {
+
+__global__ void k_begin_step(StepState* st) { begin_step(*st); }
+__global__ void k_drop_fill(StepState* st, int64_t local_samples) { drop_fill(*st, local_samples); }
+__global__ void k_drop_apply(StepState* st, int64_t global_samples) { drop_apply(*st, global_samples); }
+__global__ void k_finish_step(StepState* st, StepConfig cfg, double divisor) { finish_step(*st, cfg, divisor); }
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+void check(const char* kernel) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + kernel + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+void launch_begin_step(StepState* st, void* s) {
+  k_begin_step<<<1, 1, 0, as_stream(s)>>>(st);
+  check("begin_step");
+}
+void launch_drop_fill(StepState* st, int64_t local_samples, void* s) {
+  k_drop_fill<<<1, 1, 0, as_stream(s)>>>(st, local_samples);
+  check("drop_fill");
+}
+void launch_drop_apply(StepState* st, int64_t global_samples, void* s) {
+  k_drop_apply<<<1, 1, 0, as_stream(s)>>>(st, global_samples);
+  check("drop_apply");
+}
+void launch_finish_step(StepState* st, const StepConfig& cfg, double loss_divisor, void* s) {
+  k_finish_step<<<1, 1, 0, as_stream(s)>>>(st, cfg, loss_divisor);
+  check("finish_step");
+}
+
+}  // namespace ampdist::cuda

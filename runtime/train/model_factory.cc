@@ -1,0 +1,47 @@
+// make_trainer: the datasets, the model and the loss a config describes.
+#include <set>
+#include <string>
+
+#include "runtime/core/device.h"
+#include "runtime/data/token_data.h"
+#include "runtime/nn/gpt.h"
+#include "runtime/nn/mlp.h"
+#include "runtime/train/config.h"
+#include "runtime/train/trainer.h"
+
+namespace ampdist {
+namespace {
+
+std::set<std::string> to_set(const google::protobuf::RepeatedPtrField<std::string>& r) {
+  return std::set<std::string>(r.begin(), r.end());
+}
+
+std::set<OpKind> to_ops(const google::protobuf::RepeatedPtrField<std::string>& r) {
+  std::set<OpKind> out;
+  for (const std::string& s : r)
+    if (auto op = parse_op_kind(s)) out.insert(*op);
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
+  const Device dev = comm.device();
+  const DType working = resolve_dtype(cfg.precision().dtype(), dev,
+                                      dev == Device::kCUDA && device::properties(device::current_device()).bf16);
+  const Autocast autocast(working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
+  if (cfg.model().has_gpt()) {
+    // Language model: windows of the token data; evaluation is the validation loss in nats per token.
+    const GptConfig& g = cfg.model().gpt();
+    DatasetPair data = load_token_datasets(cfg.data(), g.seq_len(), g.vocab_size());
+    auto model = std::make_unique<GptModel>(g, autocast, cfg.train().seed());
+    auto loss = std::make_unique<LanguageModelLoss>(*model);
+    return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), data.train, data.test);
+  }
+  DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
+  auto model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
+  return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
+                                   data.test);
+}
+
+}  // namespace ampdist

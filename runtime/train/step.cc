@@ -1,0 +1,160 @@
+// The training step, one for both backends, in DESIGN.md's order. Every call below queues work where the step runs
+// (the CPU, or the GPU's compute stream) and each decision lands in the step state (state_), so nothing here waits
+// for the device unless a read is due.
+#include <algorithm>
+
+#include "runtime/core/device.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/train/trainer.h"
+
+namespace ampdist {
+
+StepResult Trainer::step() {
+  if (!loader_) throw Error("Trainer::step(): no training dataset; use step(micro_batches, global_samples)");
+  phase_begin(Phase::kDataWait);
+  const StepBatch& batch = loader_->next();
+  phase_end(Phase::kDataWait);
+  return step(batch.micro, batch.global_samples);
+}
+
+StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_samples) {
+  if (micro.empty() || global_samples <= 0) throw Error("Trainer::step: a step needs micro-batches and samples");
+  StepResult r;
+  r.iteration = ++iteration_;
+  r.global_samples = global_samples;
+  comm_.set_step(iteration_);
+  model_->set_mode(true, iteration_);  // dropout masks are keyed by the iteration
+  faults_.before_step(iteration_);
+  const bool drop_mode = cfg_.precision().on_nonfinite() == DROP_RANK;
+  StepState* st = state_->get();  // where the step runs: fields are handed to kernels and collectives as pointers
+  if (numerics_) numerics_->begin_step();
+
+  state_->begin_step();  // found_inf = 0, sum_sq = 0, the unscale factor 1/S
+  phase_begin(Phase::kForward);
+  masters_->cast_to_working();
+  // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
+  // neither accumulation nor world size changes the gradient; the scale multiplies it once. A criterion with the
+  // state path reads S from the step state and adds its loss there; any other gets float(S / global) from the host
+  // (on the GPU a 4-byte read, which waits for the previous step) and returns its loss here.
+  float grad_scale = 0.0f;
+  if (criterion_->supports_device_step()) {
+    criterion_->set_device_step(&st->step_loss, &st->scaler.scale, static_cast<double>(global_samples));
+  } else {
+    float scale = 0.0f;
+    device::copy(&scale, Device::kCPU, &st->scaler.scale, device_, sizeof scale);
+    grad_scale = static_cast<float>(scale / static_cast<double>(global_samples));
+  }
+  double host_loss = 0.0;
+  int64_t local_samples = 0;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    final_micro_ = k + 1 == micro.size();
+    local_samples += micro[k].size();
+    reducer_->begin_backward(final_micro_ && !drop_mode);  // DROP_RANK reduces only after the local check
+    if (k > 0) phase_begin(Phase::kForward);
+    const Tensor& x = device_input(micro[k], k);
+    observing_ = true;
+    first_micro_ = k == 0;
+    const Tensor& logits = model_->forward(x);
+    observing_ = false;
+    host_loss += criterion_->forward(logits, micro[k].y);  // 0 with the state path
+    phase_end(Phase::kForward);
+    phase_begin(Phase::kBackward);
+    grad_ctx_.accumulate = k > 0;
+    grad_ctx_.need_input_grad = false;
+    model_->backward(criterion_->backward(grad_scale), grad_ctx_);
+    phase_end(Phase::kBackward);
+  }
+  criterion_->set_device_step(nullptr, nullptr, 1.0);
+  host_loss_since_read_ += host_loss / static_cast<double>(global_samples);
+  if (drop_mode) {
+    drop_nonfinite_ranks(local_samples, global_samples);
+    reducer_->begin_backward(true);  // wait() launches every bucket
+  }
+  phase_begin(Phase::kCommWait);
+  reducer_->wait();  // on the GPU: the compute stream waits for the bucket reductions, the host does not
+  phase_end(Phase::kCommWait);
+
+  // One fused pass over the reduced gradient this rank holds: unscale, find non-finite values, sum squares.
+  phase_begin(Phase::kUnscaleConsensus);
+  for (const GradSpan& s : reducer_->owned()) {
+    Tensor g = Tensor::view(masters_->grads().data_as<float>() + s.begin, {s.count}, DType::kFloat32, device_);
+    kernels::unscale_and_check(g, &st->inv_scale, &st->found_inf, &st->sum_sq);
+  }
+  consensus_.agree(consensus_fields(), stop_request().load());
+  phase_end(Phase::kUnscaleConsensus);
+
+  phase_begin(Phase::kOptimizer);
+  // Reduce-scatter mode all-gathers the shards only for a step that applies, so the host needs the agreed flag
+  // here; the norm is then taken over the whole gathered gradient.
+  const bool per_step_flag = reducer_->mode() == Reducer::Mode::kReduceScatter || numerics_ != nullptr;
+  const bool skipped_here = per_step_flag && agreed_found_inf();
+  if (reducer_->mode() == Reducer::Mode::kReduceScatter && !skipped_here) {
+    reducer_->gather();
+    kernels::sum_squares(masters_->grads(), &st->sum_sq);
+  }
+  state_->finish_step(step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update
+  optimizer_->step(masters_->master(), masters_->grads(), &st->gate);     // a no-op on a skipped step
+  phase_end(Phase::kOptimizer);
+  if (timer_) timer_->end_step();
+
+  // ---- numerics report (observability): the flag and the iteration are agreed, so every rank reduces alike ----
+  if (numerics_) {
+    const int64_t every = cfg_.precision().numerics_report_every();
+    const bool first_bad = skipped_here && !reported_first_nonfinite_;
+    if (first_bad || iteration_ % every == 0) {
+      r.numerics = std::make_shared<const NumericsReport>(numerics_->reduce(comm_, iteration_));
+      reported_first_nonfinite_ |= skipped_here;
+    }
+  }
+  if (reads_ == StateReads::kEveryStep || due_->read(iteration_)) read_state(r);
+  return r;
+}
+
+const Tensor& Trainer::device_input(const MicroBatch& mb, size_t k) {
+  const Tensor& x_host = k == 0 ? faults_.input(mb.x, iteration_) : mb.x;
+  if (device_ == Device::kCPU || model_->takes_host_input()) return x_host;
+  if (x_dev_.size() <= k) x_dev_.resize(k + 1);
+  x_dev_[k].ensure(x_host.shape(), x_host.dtype(), device_);
+  x_host.copy_to(x_dev_[k]);
+  return x_dev_[k];
+}
+
+void Trainer::drop_nonfinite_ranks(int64_t local_samples, int64_t global_samples) {
+  StepState* st = state_->get();
+  Tensor& g = masters_->grads();
+  kernels::check_nonfinite(g, &st->local_bad);
+  state_->drop_fill(local_samples);
+  // [ranks, samples] dropped, summed: FP32 counts are exact up to 2^24 samples per step (validate_config).
+  comm_.allreduce_async(st->drop_counts, 2, DType::kFloat32, ReduceOp::kSum, "non-finite rank count all-reduce")
+      ->wait();
+  kernels::zero_if(g, &st->local_bad);
+  state_->drop_apply(global_samples);
+}
+
+ConsensusFields Trainer::consensus_fields() {
+  StepState* st = state_->get();
+  ConsensusFields f;
+  f.found_inf = &st->found_inf;
+  f.scale = &st->scaler.scale;
+  f.growth_tracker = &st->scaler.growth_tracker;
+  f.agreed_found_inf = &st->agreed_found_inf;
+  f.agreed_stop = &st->agreed_stop;
+  f.disagree = &st->disagree;
+  return f;
+}
+
+bool Trainer::agreed_found_inf() {
+  int32_t v = 0;
+  device::copy(&v, Device::kCPU, &state_->get()->agreed_found_inf, device_, sizeof v);
+  return v != 0;
+}
+
+void Trainer::on_grad_ready(Parameter& p) {
+  if (final_micro_) {
+    faults_.gradient(p, iteration_);
+    if (numerics_) numerics_->on_gradient(p.name, p.grad);
+  }
+  reducer_->mark_ready(p.index);
+}
+
+}  // namespace ampdist

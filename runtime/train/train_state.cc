@@ -1,0 +1,145 @@
+// The trainer's state beyond the flat buffers: reading the step state back to the host, and what a checkpoint saves
+// and restores.
+#include <cstring>
+
+#include "runtime/core/device.h"
+#include "runtime/train/config.h"
+#include "runtime/train/trainer.h"
+
+namespace ampdist {
+
+void Trainer::read_state(StepResult& r) {
+  const StepState h = state_->read();  // on the GPU: waits for every queued step
+  state_->clear_since_read();
+  scaler_.set_scalars(h.scaler);
+  scaler_.set_updates(h.scaler_updates);
+  optimizer_->set_step_count(h.optimizer_steps);
+  if (h.status == kStateDisagree)
+    consensus_.report_disagreement(h.scaler.scale, h.scaler.growth_tracker, iteration_);  // every rank: it is agreed
+  if (h.status != 0) scaler_.throw_status(h.status);
+  r.read = true;
+  r.loss = h.loss_sum + host_loss_since_read_;
+  host_loss_since_read_ = 0.0;
+  r.skipped = h.last_skipped != 0;
+  r.scale = h.last_scale;
+  r.lr = h.last_lr;
+  r.grad_norm = h.grad_norm;
+  r.stop = h.stop != 0;
+  r.dropped_ranks = static_cast<int>(h.dropped_rank_steps);
+  r.dropped_samples = h.dropped_samples;
+}
+
+StepResult Trainer::read_now() {
+  StepResult r;
+  r.iteration = iteration_;
+  read_state(r);
+  return r;
+}
+
+void Trainer::write_state() {
+  StepState s = state_->read();
+  s.scaler = scaler_.scalars();
+  s.scaler_updates = scaler_.updates();
+  s.optimizer_steps = optimizer_->step_count();
+  s.status = 0;
+  s.stop = 0;
+  s.loss_sum = 0.0;
+  s.dropped_rank_steps = 0;
+  s.dropped_samples = 0;
+  state_->write(s);
+}
+
+CheckpointState Trainer::checkpoint_state() {
+  read_now();  // the host's scaler and step count as of the last step
+  CheckpointState s;
+  Manifest& m = s.meta;
+  m.set_run_id(run_id_);
+  m.set_step(iteration_);
+  const int64_t spe = steps_per_epoch();
+  m.set_epoch(spe > 0 ? iteration_ / spe : 0);
+  m.set_step_in_epoch(spe > 0 ? iteration_ % spe : 0);
+  m.set_global_batch_size(cfg_.data().global_batch_size());
+  m.set_precision(dtype_to_name(working_dtype()));
+  *m.mutable_config() = cfg_;
+  m.mutable_config()->clear_fault();
+  const LossScalerState& st = scaler_.state();
+  m.mutable_scaler()->set_scale(st.scale);
+  m.mutable_scaler()->set_growth_tracker(st.growth_tracker);
+  m.mutable_scaler()->set_hysteresis_tracker(st.hysteresis_tracker);
+  m.mutable_scaler()->set_skipped_steps(st.skipped_steps);
+  m.mutable_scaler()->set_consecutive_skips(st.consecutive_skips);
+  m.set_optimizer(optimizer_->kind());
+  m.set_optimizer_step_count(optimizer_->step_count());
+  for (const FlatEntry& e : masters_->layout().entries()) {
+    TensorIndexEntry* t = m.add_tensors();
+    t->set_name(e.name);
+    for (int64_t d : e.shape) t->add_shape(d);
+    t->set_offset(e.offset);
+    t->set_numel(e.numel());
+  }
+  m.set_master_xxh3(masters_->hash());
+  if (device_ == Device::kCPU) {
+    s.buffers.emplace_back("master", &masters_->master());
+    for (auto& b : optimizer_->state()) s.buffers.push_back(b);
+    return s;
+  }
+  // Checkpoints are written from host memory: copy the device buffers to host copies (synchronises).
+  host_master_ = masters_->master().to(Device::kCPU);
+  s.buffers.emplace_back("master", &host_master_);
+  const auto state = optimizer_->state();
+  host_optim_.resize(state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    host_optim_[i] = state[i].second->to(Device::kCPU);
+    s.buffers.emplace_back(state[i].first, &host_optim_[i]);
+  }
+  return s;
+}
+
+std::string Trainer::restore(const Manifest& m) {
+  iteration_ = m.step();
+  LossScalerState st;
+  st.scale = m.scaler().scale();
+  st.growth_tracker = m.scaler().growth_tracker();
+  st.hysteresis_tracker = m.scaler().hysteresis_tracker();
+  st.skipped_steps = m.scaler().skipped_steps();
+  st.consecutive_skips = m.scaler().consecutive_skips();
+  // The saved scaler state belongs to the saved precision's policy. Resumed with another working dtype or loss-scale
+  // mode (fp16 -> bf16 after a min_scale stop, say), the configured policy starts afresh: its initial scale and
+  // empty trackers; only the run's count of skipped steps carries over.
+  const DTypeName saved_dtype = m.has_precision() ? m.precision() : dtype_to_name(working_dtype());
+  LossScaler saved = LossScaler::from_config(m.config().precision(), saved_dtype);
+  saved.set_state(st);
+  std::string note;
+  if (saved_dtype != dtype_to_name(working_dtype()) || saved.mode() != scaler_.mode()) {
+    note = std::string("precision changed on resume: the checkpoint was trained in ") +
+           dtype_name(resolve_dtype(saved_dtype, Device::kCPU)) + " with " + saved.describe() + ", this run is " +
+           dtype_name(working_dtype()) + ": the loss scaler starts afresh with " + scaler_.describe();
+    const int64_t skipped = st.skipped_steps;
+    st = scaler_.state();
+    st.skipped_steps = skipped;
+  }
+  scaler_.set_state(st);
+  optimizer_->set_step_count(m.optimizer_step_count());
+  if (!m.run_id().empty()) run_id_ = m.run_id();
+  if (device_ == Device::kCUDA) {
+    // load_checkpoint filled the host copies handed out by checkpoint_state(): move them to the GPU.
+    host_master_.copy_to(masters_->master());
+    const auto state = optimizer_->state();
+    for (size_t i = 0; i < state.size() && i < host_optim_.size(); ++i) host_optim_[i].copy_to(*state[i].second);
+    masters_->cast_to_working();
+  }
+  write_state();
+  if (sampler_) {
+    // Continue at the same global sample position; with the same global batch (any world size, any
+    // accumulation) that is the same step of the same epoch.
+    const int64_t g = cfg_.data().global_batch_size();
+    const int64_t saved_g = m.global_batch_size() > 0 ? m.global_batch_size() : g;
+    const int64_t step_in_epoch = m.step_in_epoch() * saved_g / g;
+    loader_.reset();
+    loader_ = std::make_unique<Loader>(train_, *sampler_, cfg_.optimizer().accumulation_steps(),
+                                       cfg_.data().prefetch_steps(), m.epoch(), step_in_epoch);
+  }
+  return note;
+}
+
+}  // namespace ampdist
