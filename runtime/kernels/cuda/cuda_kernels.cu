@@ -137,14 +137,15 @@ __global__ void k_argmax_hits(const T* z, const int32_t* t, int64_t rows, int64_
 
 // ---- deterministic sums over flat FP32 buffers ----------------------------------------------------------------------
 // Pass 1: kReduceBlocks partial sums (fixed grid, grid-stride, fixed tree); pass 2: one block sums the partials.
+// One scratch of kReduceBlocks partial sums per device (the current one's; launches on a device's compute stream
+// never overlap).
 double* partials() {
-  static double* p = [] {
-    double* q = nullptr;
-    if (cudaMalloc(&q, kReduceBlocks * sizeof(double)) != cudaSuccess)
-      throw std::runtime_error("cudaMalloc of the reduction scratch failed");
-    return q;
-  }();
-  return p;
+  static double* table[64] = {};
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= 64) throw std::runtime_error("cudaGetDevice failed");
+  if (!table[d] && cudaMalloc(&table[d], kReduceBlocks * sizeof(double)) != cudaSuccess)
+    throw std::runtime_error("cudaMalloc of the reduction scratch failed");
+  return table[d];
 }
 
 enum class SumKind { kPlain, kSquares };

@@ -34,15 +34,18 @@ template <typename F> void launch(F&& f) {
 }
 
 // Host values copied into a device scratch slot (grown to the largest request; one stream, so uses never overlap).
+struct Buffers {
+  Tensor upload[3], scratch[3];
+};
 template <typename T> const T* upload(int slot, std::span<const T> v) {
-  static Tensor buf[3];
+  Tensor* buf = device::per_current_device<Buffers>().upload;
   const int64_t words = static_cast<int64_t>((v.size() * sizeof(T) + 3) / 4);
   buf[slot].ensure({std::max<int64_t>(words, 1)}, DType::kFloat32, Device::kCUDA);
   device::copy(buf[slot].data(), Device::kCUDA, v.data(), Device::kCPU, v.size() * sizeof(T));
   return static_cast<const T*>(buf[slot].data());
 }
 Tensor& scratch(int slot, const Shape& shape) {
-  static Tensor t[3];
+  Tensor* t = device::per_current_device<Buffers>().scratch;
   t[slot].ensure(shape, DType::kFloat32, Device::kCUDA);
   return t[slot];
 }
