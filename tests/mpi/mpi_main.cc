@@ -5,6 +5,11 @@
 
 #include <cstdio>
 
+#ifdef AMPDIST_GPU_TESTS
+#include "comm/nccl_communicator.h"
+#include "runtime/core/device.h"
+#endif
+
 namespace {
 // On ranks other than 0: one line per failed assertion, prefixed with the rank, so that a failure only one rank
 // sees is visible in the log.
@@ -34,6 +39,19 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
   }
+#ifdef AMPDIST_GPU_TESTS
+  // Bind this rank's GPU before any test touches a device: work on device 0 first would leave rank 1's stream,
+  // handles and memory there. Ranks beyond the GPU count share (tests needing a GPU per rank skip themselves).
+  if (ampdist::device::device_count() > 0) {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int local_rank = 0, local_size = 1;
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+    ampdist::bind_device(local_rank, local_size, /*allow_sharing=*/true);
+  }
+#endif
   const int rc = RUN_ALL_TESTS();
   // A failure on any rank fails every rank's exit code, so mpirun reports it whichever rank it was.
   int all = rc;
