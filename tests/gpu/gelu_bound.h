@@ -27,20 +27,11 @@
 
 #include "runtime/core/dtype.h"
 #include "runtime/kernels/math.h"
+#include "tests/gpu/bounds.h"
 
 namespace ampdist::testing {
 
 constexpr int kExpUlps = 3;  // CUDA expf (2 ulp) + glibc expf (1 ulp), both from the correctly rounded value
-
-// x rounded to `t` (round to nearest even) and back; FP32 unchanged.
-inline float round_to_dtype(float x, DType t) {
-  switch (t) {
-    case DType::kFloat16: return static_cast<float>(half(x));
-    case DType::kBFloat16: return static_cast<float>(bfloat16(x));
-    case DType::kFloat32: break;
-  }
-  return x;
-}
 
 // The float `steps` representable numbers away from e (negative: below).
 inline float step_floats(float e, int steps) {

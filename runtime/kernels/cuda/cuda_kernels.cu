@@ -42,14 +42,19 @@ __global__ void k_add_bias_cast(const float* c32, const B* bias, D* c, int64_t m
   }
 }
 
-// One thread per column, rows in order: the CPU backend's summation order exactly.
-template <typename T> __global__ void k_sum_rows(const T* x, int64_t rows, int64_t cols, float* out, float beta) {
-  GRID_STRIDE(j, cols) {
-    float acc = beta == 0.0f ? 0.0f : beta * out[j];
-    for (int64_t i = 0; i < rows; ++i) acc += ld<T>(x, i * cols + j);
-    out[j] = acc;
+// sum_rows as two fixed-order stages (detail::column_sums): out[j] = beta * out[j] + (the column's sum).
+template <typename T> struct SumRowsTerm {
+  const T* x;
+  int64_t cols;
+  __device__ void operator()(int64_t r, int64_t j, float* v) const { v[0] = ld<T>(x, r * cols + j); }
+};
+struct SumRowsFinish {
+  float* out;
+  float beta;
+  __device__ void operator()(int64_t j, const float* t) const {
+    out[j] = (beta == 0.0f ? 0.0f : beta * out[j]) + t[0];
   }
-}
+};
 
 // ---- activations ---------------------------------------------------------------------------------------------
 template <typename T> __global__ void k_relu(const T* x, T* y, int64_t n) {
@@ -272,7 +277,7 @@ void sum_rows(const void* x, int xd, int64_t rows, int64_t cols, float* out, flo
   if (cols == 0) return;
   by_dtype(xd, [&](auto T) {
     using TT = decltype(T);
-    k_sum_rows<TT><<<blocks_for(cols), kThreads, 0, st(s)>>>(static_cast<const TT*>(x), rows, cols, out, beta);
+    column_sums<1>(rows, cols, SumRowsTerm<TT>{static_cast<const TT*>(x), cols}, SumRowsFinish{out, beta}, st(s));
   });
   check_launch("sum_rows");
 }

@@ -6,11 +6,18 @@
 // is kernels/math.h's (compiled with --fmad=false, so element-wise results equal the CPU backend's bit for bit).
 // Reductions (sum_rows, sum of squares, loss sums) use a fixed grid and a fixed tree order: the same inputs give the
 // same bits on every run and every rank, which the consensus and the clip factor rely on.
+
 #pragma once
 
 #include <cstdint>
 
 #include "runtime/kernels/step_math.h"
+
+// The cuBLAS handle of the current device (a cublasHandle_t, on the compute stream, reduced-precision reductions
+// disallowed), for the attention GEMMs of kernels/cuda/cuda_transformer_ops.cc.
+namespace ampdist::kernels::cuda {
+void* blas_handle();
+}
 
 namespace ampdist::cuda {
 
@@ -21,7 +28,8 @@ void cast(const void* src, int src_dtype, void* dst, int dst_dtype, int64_t n, S
 // c[M, N] (c_dtype) = c32[M, N] + bias[N] (bias may be null), rounded once.
 void add_bias_cast(const float* c32, const void* bias, int bias_dtype, void* c, int c_dtype, int64_t m, int64_t n,
                    Stream s);
-// out[j] = beta * out[j] + sum_i x[i, j], x [rows, cols] of x_dtype, FP32 accumulation in row order.
+// out[j] = beta * out[j] + sum_i x[i, j], x [rows, cols] of x_dtype, FP32 accumulation in two fixed-order stages
+// (chunks of 64 rows per column tile, then the chunks in order): deterministic, not the CPU's row order.
 void sum_rows(const void* x, int x_dtype, int64_t rows, int64_t cols, float* out, float beta, Stream s);
 
 // Element-wise activations, dtype of x/y/dy/dx the same.

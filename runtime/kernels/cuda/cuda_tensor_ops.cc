@@ -138,6 +138,8 @@ double read_double(const double* dev) {
 
 namespace cuda {
 
+void* blas_handle() { return blas(); }
+
 void cast(const Tensor& src, Tensor& dst) {
   require_cuda("cast", src);
   require_cuda("cast", dst);
