@@ -12,7 +12,7 @@
 # Bounded to 9.5 minutes in all (each stage has its own limit). Logs: $GPU_CHECK_OUT (default build/gpu-check).
 # Step counts: GPU_CHECK_MLP_STEPS (1500), GPU_CHECK_GPT_STEPS (300), GPU_CHECK_GPT2_STEPS (30).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 start=$SECONDS
 deadline=$((SECONDS + 570))
@@ -118,7 +118,11 @@ run_tests() {  # run_tests NAME LIMIT COMMAND...
   (( p > 0 )) && ran_on_gpu=1
   (( rc == 0 && f == 0 )) || failures+=("GPU tests $name: exit $rc, $f failed (see $log)")
   if (( s > 0 )); then
-    failures+=("GPU tests $name: $s skipped: $(grep -m1 -A1 'SKIPPED\|Skipped' "$log" | grep -v '^\[' | head -1)")
+    # gtest prints "<file>:<line>: Skipped" and the reason on the next line; else name the first skipped test.
+    local why
+    why=$(grep -m1 -A1 ': Skipped$' "$log" | tail -1)
+    [[ -n $why ]] || why=$(grep -m1 '^\[  SKIPPED \] [A-Za-z]' "$log" | sed 's/^\[  SKIPPED \] //')
+    failures+=("GPU tests $name: $s skipped (first: $why)")
   fi
   (( p == 0 && s == 0 && f == 0 )) && failures+=("GPU tests $name: no test ran (exit $rc, see $log)")
 }
@@ -133,7 +137,7 @@ drill_row="not run"
 if (( $(left) > 200 )); then
   drill_log=$out/drill_nccl_setup.log
   t0=$SECONDS
-  AMPDIST_FAULT='nccl_setup_error { rank: 1 stage: INIT }' timeout 90 mpirun -np 2 "$bin/ampdist" train \
+  AMPDIST_FAULT='nccl_setup_error { rank: 1 stage: INIT }' timeout 90 mpirun -q -np 2 "$bin/ampdist" train \
     --config configs/fashion_mnist_mlp.pbtxt --device cuda --set device.allow_sharing=true \
     --set comm.timeout_s=30 --set "data.idx.dir=$bundle/data/fashion-mnist" --set train.steps=5 \
     --run-dir "$out/run_drill" >"$drill_log" 2>&1
@@ -178,7 +182,8 @@ train_run() {  # train_run ROW LIMIT PRECISION CONFIG FLOPS_PER_SAMPLE ARGS...
   fi
 }
 # GPT FLOPs per sample (a window of T tokens): 6 N T for the parameter GEMMs forward and backward plus 12 L C T^2
-# for attention's two GEMMs (PaLM, appendix B; llm.c's estimate_mfu), N the parameters outside the embeddings.
+# for attention's two GEMMs (PaLM, appendix B; llm.c's estimate_mfu), with N = 12 L C^2 (the blocks' matrices) +
+# V C (the tied LM head, which is a GEMM; the position table is not).
 gpt_flops() {  # gpt_flops L C T V
   awk -v L="$1" -v C="$2" -v T="$3" -v V="$4" 'BEGIN {N = L * 12 * C * C + V * C; printf "%.6e", 6 * N * T + 12 * L * C * T * T}'
 }
@@ -210,7 +215,7 @@ if [[ -x $bin/ampdist_bench_gpu ]]; then
     log=$out/nccl_np$n.log
     timeout 60 mpirun -np "$n" "$bin/ampdist_bench_gpu" allreduce >"$log" 2>&1
     rc=$?
-    busbw[$n]=$(awk '/^allreduce max:/ {print $3 " GB/s algbw " $6 " GB/s busbw at " $9}' "$log")
+    busbw[$n]=$(awk '/^allreduce max:/ {print $3 " GB/s algbw, " $6 " GB/s busbw at " $10 " bytes"}' "$log")
     (( rc == 0 )) || failures+=("NCCL all-reduce benchmark on $n GPU(s): exit $rc: $(grep -m1 -i 'error\|wrong' "$log")")
   done
   timeout 90 "$bin/ampdist_bench_gpu" kernels >"$out/kernels.log" 2>&1 ||
