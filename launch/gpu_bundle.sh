@@ -131,8 +131,9 @@ cuda_version=$(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*rele
 {
   echo "ampdist GPU bundle, made $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "cuda_runtime: ${cuda_version:-unknown} (linked statically; needs a driver of the R580 branch or newer)"
-  echo "cuda_architectures: $(/usr/local/cuda/bin/cuobjdump --list-elf "$out/bin/ampdist" 2>/dev/null |
-                               grep -o 'sm_[0-9]*a\?' | sort -u | tr '\n' ' ')"
+  # The device code the CUDA objects were compiled to: cubins (sm_XY) and PTX (compute_XY, JIT-compiled for newer).
+  echo "cuda_architectures: $(grep -ho 'code=\[[^]]*\]' "$build"/CMakeFiles/ampdist_lib.dir/flags.make 2>/dev/null |
+                               sed 's/^code=\[//; s/\]$//' | tr ',' '\n' | sort -u | tr '\n' ' ')"
   echo "isa_check: $isa"
   echo "size: $(du -sh "$out" | awk '{print $1}')"
   (cd "$out" && find . -type f -printf '%s %p\n' | sort -k2)

@@ -66,6 +66,15 @@ else
     missing+=("driver $driver is older than the R580 branch that CUDA 13 needs")
 fi
 echo "driver: ${driver:-none}; GPUs: $gpus x ${gpu_name:-none}" >> "$pre"
+# Device code for this GPU: its own cubin (sm_XY), or PTX of an older architecture that the driver compiles.
+archs=$(sed -n 's/^cuda_architectures: //p' "$bundle/MANIFEST" 2>/dev/null)
+cc=$(head -1 "$out/gpus.csv" 2>/dev/null | cut -d, -f5 | tr -d ' .')
+if [[ -n $cc && -n $archs && " $archs " != *" sm_$cc "* ]]; then
+  ptx_ok=0
+  for a in $archs; do [[ $a == compute_* ]] && (( ${a#compute_} <= cc )) && ptx_ok=1; done
+  (( ptx_ok )) || missing+=("the bundle has no device code for compute capability $cc (it has: $archs)")
+fi
+echo "device code: ${archs:-unknown}" >> "$pre"
 # Every library of every carried ELF file resolves (the bundle's own self-check).
 if ! bash "$bundle/selfcheck.sh" > "$out/selfcheck.txt" 2>&1; then
   missing+=("carried libraries unresolved: $(grep -v '^selfcheck: [0-9]* ELF' "$out/selfcheck.txt" | head -3 | tr '\n' ' ')")
