@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/bootstrap.h"
 #include "comm/nccl_communicator.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
@@ -172,13 +173,8 @@ int run_allreduce() {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local_rank = 0, local_size = 1;
-  MPI_Comm_rank(node, &local_rank);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  bind_device(local_rank, local_size, false);
+  const NodeRank node = node_rank(MPI_COMM_WORLD);
+  bind_device(node.local_rank, node.local_size, false);
   NcclCommunicator comm(MPI_COMM_WORLD, 120.0);
   double best_alg = 0, best_bus = 0;
   int64_t best_bytes = 0;

@@ -88,6 +88,16 @@ void broadcast_from_rank0(MPI_Comm comm, void* data, size_t bytes, const std::fu
   std::memcpy(data, buf.data() + 8 + kMessage, bytes);
 }
 
+NodeRank node_rank(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  NodeRank r;
+  MPI_Comm_rank(node, &r.local_rank);
+  MPI_Comm_size(node, &r.local_size);
+  MPI_Comm_free(&node);
+  return r;
+}
+
 std::string processor_name() {
   char name[MPI_MAX_PROCESSOR_NAME];
   int len = 0;

@@ -39,6 +39,13 @@ class MpiRuntime {
 void broadcast_from_rank0(MPI_Comm comm, void* data, size_t bytes, const std::function<void(void*)>& produce,
                           double timeout_s, const std::string& what);
 
+// This process's rank and the number of ranks on its node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) of `comm`).
+// Collective over `comm`.
+struct NodeRank {
+  int local_rank = 0, local_size = 1;
+};
+NodeRank node_rank(MPI_Comm comm);
+
 // This process's host name (MPI_Get_processor_name).
 std::string processor_name();
 

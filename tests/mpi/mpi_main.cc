@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #ifdef AMPDIST_GPU_TESTS
+#include "comm/bootstrap.h"
 #include "comm/nccl_communicator.h"
 #include "runtime/core/device.h"
 #endif
@@ -43,13 +44,8 @@ int main(int argc, char** argv) {
   // Bind this rank's GPU before any test touches a device: work on device 0 first would leave rank 1's stream,
   // handles and memory there. Ranks beyond the GPU count share (tests needing a GPU per rank skip themselves).
   if (ampdist::device::device_count() > 0) {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int local_rank = 0, local_size = 1;
-    MPI_Comm_rank(node, &local_rank);
-    MPI_Comm_size(node, &local_size);
-    MPI_Comm_free(&node);
-    ampdist::bind_device(local_rank, local_size, /*allow_sharing=*/true);
+    const ampdist::NodeRank node = ampdist::node_rank(MPI_COMM_WORLD);
+    ampdist::bind_device(node.local_rank, node.local_size, /*allow_sharing=*/true);
   }
 #endif
   const int rc = RUN_ALL_TESTS();

@@ -13,10 +13,14 @@
 
 #include "runtime/kernels/step_math.h"
 
-// The cuBLAS handle of the current device (a cublasHandle_t, on the compute stream, reduced-precision reductions
-// disallowed), for the attention GEMMs of kernels/cuda/cuda_transformer_ops.cc.
+// Row-major C[i] [m, n] (FP32, leading dimension ldc, stride sc between matrices) = alpha op(X[i]) op(Y[i]) for
+// `batch` matrices, with FP32 accumulation (CUBLAS_COMPUTE_32F: tensor cores for 16-bit inputs, FP32 FMA for FP32,
+// never TF32) on the current device's cuBLAS handle; x_dtype and y_dtype must be equal (DType codes). For the
+// attention GEMMs of kernels/cuda/cuda_transformer_ops.cc. Throws Error with the cuBLAS status.
 namespace ampdist::kernels::cuda {
-void* blas_handle();
+void batched_gemm(bool trans_x, bool trans_y, int64_t m, int64_t n, int64_t k, float alpha, const void* x, int x_dtype,
+                  int64_t ldx, int64_t sx, const void* y, int y_dtype, int64_t ldy, int64_t sy, float* c, int64_t ldc,
+                  int64_t sc, int64_t batch, const char* what);
 }
 
 namespace ampdist::cuda {

@@ -138,7 +138,19 @@ double read_double(const double* dev) {
 
 namespace cuda {
 
-void* blas_handle() { return blas(); }
+void batched_gemm(bool trans_x, bool trans_y, int64_t m, int64_t n, int64_t k, float alpha, const void* x, int xt,
+                  int64_t ldx, int64_t sx, const void* y, int yt, int64_t ldy, int64_t sy, float* c, int64_t ldc,
+                  int64_t sc, int64_t batch, const char* what) {
+  // As in gemm: row-major C = op(X) op(Y) is column-major C^T = op(Y)^T op(X)^T, so cuBLAS gets Y first.
+  const float beta = 0.0f;
+  check_blas(cublasGemmStridedBatchedEx(blas(), trans_y ? CUBLAS_OP_T : CUBLAS_OP_N, trans_x ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, y,
+                                        blas_type(static_cast<DType>(yt)), static_cast<int>(ldy), sy, x,
+                                        blas_type(static_cast<DType>(xt)), static_cast<int>(ldx), sx, &beta, c,
+                                        CUDA_R_32F, static_cast<int>(ldc), sc, static_cast<int>(batch),
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             std::string("cublasGemmStridedBatchedEx (") + what + ")");
+}
 
 void cast(const Tensor& src, Tensor& dst) {
   require_cuda("cast", src);

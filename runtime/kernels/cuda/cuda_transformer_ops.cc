@@ -12,8 +12,6 @@
 #include "runtime/kernels/transformer_checks.h"
 
 #ifdef AMPDIST_HAVE_CUDA
-#include <cublas_v2.h>
-
 #include <stdexcept>
 
 #include "runtime/kernels/cuda/cuda_ops.h"
@@ -54,15 +52,6 @@ Tensor& scratch(int slot, const Shape& shape, DType dtype = DType::kFloat32) {
   return t[slot];
 }
 
-cudaDataType_t blas_type(DType t) {
-  switch (t) {
-    case DType::kFloat16: return CUDA_R_16F;
-    case DType::kBFloat16: return CUDA_R_16BF;
-    case DType::kFloat32: break;
-  }
-  return CUDA_R_32F;
-}
-
 // One operand of a batched GEMM: a base pointer and its dtype (offsets are in elements of that dtype).
 struct Operand {
   const void* data;
@@ -72,21 +61,11 @@ struct Operand {
   }
 };
 
-// Row-major C[i] (FP32, ldc, stride sc) = alpha op(X[i]) op(Y[i]) for `batch` matrices, FP32 accumulation
-// (CUBLAS_COMPUTE_32F: tensor cores for 16-bit inputs, FP32 FMA for FP32; never TF32, as the CPU's attention).
-// As in kernels::cuda::gemm, row-major C = op(X) op(Y) is column-major C^T = op(Y)^T op(X)^T, so cuBLAS gets Y
-// first. m, n, k: rows of C, columns of C, the summed dimension.
 void batched_gemm(bool trans_x, bool trans_y, int64_t m, int64_t n, int64_t k, float alpha, const void* x, DType xt,
                   int64_t ldx, int64_t sx, const void* y, DType yt, int64_t ldy, int64_t sy, float* c, int64_t ldc,
                   int64_t sc, int64_t batch, const char* what) {
-  const float beta = 0.0f;
-  const cublasStatus_t st = cublasGemmStridedBatchedEx(
-      static_cast<cublasHandle_t>(kernels::cuda::blas_handle()), trans_y ? CUBLAS_OP_T : CUBLAS_OP_N,
-      trans_x ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, y,
-      blas_type(yt), static_cast<int>(ldy), sy, x, blas_type(xt), static_cast<int>(ldx), sx, &beta, c, CUDA_R_32F,
-      static_cast<int>(ldc), sc, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    throw Error(std::string("cublasGemmStridedBatchedEx (") + what + "): " + cublasGetStatusName(st));
+  kernels::cuda::batched_gemm(trans_x, trans_y, m, n, k, alpha, x, code(xt), ldx, sx, y, code(yt), ldy, sy, c, ldc, sc,
+                              batch, what);
 }
 
 // t itself when it already has dtype d, else a copy converted into scratch `slot`.
