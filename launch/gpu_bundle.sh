@@ -135,6 +135,14 @@ cuda_version=$(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*rele
   echo "cuda_architectures: $(grep -ho 'code=\[[^]]*\]' "$build"/CMakeFiles/ampdist_lib.dir/flags.make 2>/dev/null |
                                sed 's/^code=\[//; s/\]$//' | tr ',' '\n' | sort -u | tr '\n' ' ')"
   echo "isa_check: $isa"
+  # A build with -march=native (AMPDIST_NATIVE) may use any instruction of this machine's CPU: the host needs them.
+  if grep -q '^AMPDIST_NATIVE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+    flags=$(awk -F': ' '/^flags/ {print $2; exit}' /proc/cpuinfo)
+    echo "cpu_flags_required: $(for f in avx2 fma f16c bmi2 avx512f avx512bw avx512vl avx512_bf16 avx512_fp16 amx_bf16 amx_tile; do
+      [[ " $flags " == *" $f "* ]] && printf '%s ' "$f"; done)(built with -march=native)"
+  else
+    echo "cpu_flags_required: avx2 (portable build)"
+  fi
   echo "size: $(du -sh "$out" | awk '{print $1}')"
   (cd "$out" && find . -type f -printf '%s %p\n' | sort -k2)
 } > "$out/MANIFEST"

@@ -89,12 +89,16 @@ if [[ -z $cuda_line ]]; then
 elif [[ $cuda_line == *"not found"* || $cuda_line == *rror* ]]; then
   missing+=("the NVIDIA driver's libcuda.so.1 cannot be loaded: $cuda_line (no driver in this machine or container)")
 fi
-# The host CPU: the bundle's binaries need x86-64 with AVX2 (launch/check_isa.sh's baseline).
+# The host CPU: the bundle's binaries need x86-64 with AVX2 (launch/check_isa.sh's baseline), or every flag of the
+# build machine's CPU when it was built with -march=native.
 cpu_model=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
 cpu_flags=$(awk -F': ' '/^flags/ {print $2; exit}' /proc/cpuinfo)
 echo "cpu: $cpu_model; $(for f in avx2 fma f16c avx512f avx512_bf16 avx512_fp16 amx_bf16; do
   [[ " $cpu_flags " == *" $f "* ]] && printf '%s ' "$f"; done)" >> "$pre"
-[[ " $cpu_flags " == *" avx2 "* ]] || missing+=("the host CPU has no AVX2 ($cpu_model)")
+need=$(sed -n 's/^cpu_flags_required: \([^(]*\).*/\1/p' "$bundle/MANIFEST" 2>/dev/null)
+lacking=""
+for f in ${need:-avx2}; do [[ " $cpu_flags " == *" $f "* ]] || lacking+="$f "; done
+[[ -z $lacking ]] || missing+=("the host CPU ($cpu_model) lacks ${lacking% } that the bundle's binaries may use (MANIFEST: cpu_flags_required; rebuild with -DAMPDIST_NATIVE=OFF for a portable bundle)")
 grep -h '^isa_check:' "$bundle/MANIFEST" >> "$pre" 2>/dev/null
 if (( ${#missing[@]} > 0 )); then
   reason=$(printf '%s; ' "${missing[@]}")

@@ -7,7 +7,8 @@
 #     first look), launch/gpu_check.sh against the bundle exits non-zero and prints exactly one line: that nothing
 #     ran on a GPU, and why (the driver's libcuda.so.1 cannot be loaded).
 #  3. A stand-in listing a driver older than the R580 branch, a GPU older than the bundle's device code (compute
-#     capability 7.0), and no nvidia-smi at all, are each named in that one line too.
+#     capability 7.0), a bundle that needs a CPU instruction this machine lacks, and no nvidia-smi at all, are each
+#     named in that one line too.
 #  4. The verdict after the preflight, with stand-in programs in a bundle of the same layout (a driver that loads,
 #     tests, training runs and benchmarks that print what the real ones print): all passing gives exit 0, a PASS
 #     line and the table (samples/s per precision, MFU for the GPT rows, NCCL bandwidth for 1 and 2 GPUs); one
@@ -87,6 +88,11 @@ cp "$SRC/tests/e2e/standin/nvidia-smi" "$TMP/smi/"
 check_once no_driver "$TMP/smi:$PATH" "libcuda.so.1"
 check_once old_driver "$TMP/smi:$PATH" "driver 535.104.05 is older than the R580 branch" STANDIN_DRIVER=535.104.05
 check_once old_gpu "$TMP/smi:$PATH" "no device code for compute capability 70" STANDIN_CC=7.0
+# A bundle built for instructions this CPU lacks (as a -march=native build records them).
+cp "$BUNDLE/MANIFEST" "$TMP/MANIFEST.orig"
+sed -i 's/^cpu_flags_required: .*/cpu_flags_required: avx2 avx512_fictional (built with -march=native)/' "$BUNDLE/MANIFEST"
+check_once cpu_flags "$TMP/smi:$PATH" "lacks avx512_fictional that the bundle's binaries may use"
+cp "$TMP/MANIFEST.orig" "$BUNDLE/MANIFEST"
 # No nvidia-smi anywhere on PATH: only the directories of the tools the script itself needs.
 mkdir -p "$TMP/tools"
 for t in bash sed awk grep cut head tail tr find wc mkdir rm cat date timeout sort ldd dirname basename uname; do
