@@ -20,6 +20,13 @@ out=${GPU_CHECK_OUT:-$root/build/gpu-check}
 rm -rf "$out"
 mkdir -p "$out"
 left() { echo $((deadline - SECONDS)); }
+# A stage's limit: its own, or what is left of the whole check (less 10 s for the table) when that is shorter.
+lim() {
+  local l=$1 r=$(($(left) - 10))
+  (( r < l )) && l=$r
+  (( l < 1 )) && l=1
+  echo "$l"
+}
 say() { echo "gpu_check: $*"; }
 fail_line() { echo "gpu_check: FAIL: $*"; }
 
@@ -123,7 +130,7 @@ declare -A test_row
 run_tests() {  # run_tests NAME LIMIT COMMAND...
   local name=$1 limit=$2; shift 2
   local log=$out/tests_$name.log
-  timeout "$limit" "$@" >"$log" 2>&1
+  timeout "$(lim "$limit")" "$@" >"$log" 2>&1
   local rc=$? p f s
   read -r p f s < <(gtest_counts "$log")
   test_row[$name]="$p passed, $f failed, $s skipped (exit $rc)"
@@ -150,7 +157,7 @@ drill_row="not run"
 if (( $(left) > 200 )); then
   drill_log=$out/drill_nccl_setup.log
   t0=$SECONDS
-  AMPDIST_FAULT='nccl_setup_error { rank: 1 stage: INIT }' timeout 90 mpirun -q -np 2 "$bin/ampdist" train \
+  AMPDIST_FAULT='nccl_setup_error { rank: 1 stage: INIT }' timeout "$(lim 90)" mpirun -q -np 2 "$bin/ampdist" train \
     --config configs/fashion_mnist_mlp.pbtxt --device cuda --set device.allow_sharing=true \
     --set comm.timeout_s=30 --set "data.idx.dir=$bundle/data/fashion-mnist" --set train.steps=5 \
     --run-dir "$out/run_drill" >"$drill_log" 2>&1
@@ -226,12 +233,12 @@ if [[ -x $bin/ampdist_bench_gpu ]]; then
   for n in 1 $(( gpus >= 2 ? gpus : 0 )); do
     (( n > 0 )) || continue
     log=$out/nccl_np$n.log
-    timeout 60 mpirun -np "$n" "$bin/ampdist_bench_gpu" allreduce >"$log" 2>&1
+    timeout "$(lim 60)" mpirun -np "$n" "$bin/ampdist_bench_gpu" allreduce >"$log" 2>&1
     rc=$?
     busbw[$n]=$(awk '/^allreduce max:/ {print $3 " GB/s algbw, " $6 " GB/s busbw at " $10 " bytes"}' "$log")
     (( rc == 0 )) || failures+=("NCCL all-reduce benchmark on $n GPU(s): exit $rc: $(grep -m1 -i 'error\|wrong' "$log")")
   done
-  timeout 90 "$bin/ampdist_bench_gpu" kernels >"$out/kernels.log" 2>&1 ||
+  timeout "$(lim 90)" "$bin/ampdist_bench_gpu" kernels >"$out/kernels.log" 2>&1 ||
     failures+=("kernel micro-benchmarks: exit $? (see $out/kernels.log)")
 else
   failures+=("the bundle has no ampdist_bench_gpu (NCCL bandwidth and kernel benchmarks not run)")
