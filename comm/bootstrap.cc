@@ -1,6 +1,12 @@
 #include "comm/bootstrap.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
 
 #include "runtime/core/error.h"
 
@@ -27,6 +33,69 @@ MpiRuntime::~MpiRuntime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (owns_ && !finalized) MPI_Finalize();
+}
+
+void broadcast_from_rank0(MPI_Comm comm, void* data, size_t bytes, const std::function<void(void*)>& produce,
+                          double timeout_s, const std::string& what) {
+  // [int32 status | int32 message length | message (kMessage bytes) | data]
+  constexpr size_t kMessage = 1024;
+  std::vector<char> buf(8 + kMessage + bytes, 0);
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  int32_t status = 0;
+  std::string message;
+  if (rank == 0) {
+    try {
+      produce(buf.data() + 8 + kMessage);
+    } catch (const std::exception& e) {
+      status = 1;
+      message = e.what();
+    }
+    message.resize(std::min(message.size(), kMessage));
+    const int32_t len = static_cast<int32_t>(message.size());
+    std::memcpy(buf.data(), &status, 4);
+    std::memcpy(buf.data() + 4, &len, 4);
+    std::memcpy(buf.data() + 8, message.data(), message.size());
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Ibcast(buf.data(), static_cast<int>(buf.size()), MPI_BYTE, 0, comm, &req) != MPI_SUCCESS)
+    throw Error(what + ": MPI_Ibcast failed");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (int done = 0;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr,
+                   "ampdist: error: [rank %d] %s did not complete within %.0f s (comm.timeout_s): rank 0 did not "
+                   "send it; ending the job\n",
+                   rank, what.c_str(), timeout_s);
+      std::fflush(stderr);
+      MPI_Abort(comm, 1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (rank != 0) {
+    int32_t len = 0;
+    std::memcpy(&status, buf.data(), 4);
+    std::memcpy(&len, buf.data() + 4, 4);
+    message.assign(buf.data() + 8, static_cast<size_t>(std::clamp<int32_t>(len, 0, kMessage)));
+  }
+  if (status != 0) {
+    Error e(rank == 0 ? message : what + ": rank 0 failed: " + message);
+    if (rank != 0) e.set_secondary();
+    throw e;
+  }
+  std::memcpy(data, buf.data() + 8 + kMessage, bytes);
+}
+
+NodeRank node_rank(MPI_Comm comm) {
+  MPI_Comm node;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  NodeRank r;
+  MPI_Comm_rank(node, &r.local_rank);
+  MPI_Comm_size(node, &r.local_size);
+  MPI_Comm_free(&node);
+  return r;
 }
 
 std::string processor_name() {

@@ -11,10 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
+#include "comm/bootstrap.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 
@@ -44,6 +47,45 @@ ncclDataType_t nccl_type(DType t) {
 
 cudaStream_t compute() { return static_cast<cudaStream_t>(device::compute_stream()); }
 
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", s);
+  return buf;
+}
+
+std::string last_error(ncclComm_t comm) {
+  const char* e = ncclGetLastError(comm);
+  return e && *e ? std::string(" (") + e + ")" : "";
+}
+
+using Clock = std::chrono::steady_clock;
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// Polls the communicator's state until it is no longer ncclInProgress or `deadline` passes. Returns the state
+// (ncclInProgress on a timeout).
+ncclResult_t poll_state(ncclComm_t comm, Clock::time_point deadline) {
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) return r;
+    if (state != ncclInProgress) return state;
+    if (Clock::now() > deadline) return ncclInProgress;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Event pool: completion events are returned here by their last owner (the pending list or a Work handle), which
+// may outlive the communicator, hence the shared ownership.
+struct EventPool {
+  std::mutex mu;
+  std::vector<cudaEvent_t> free;
+  ~EventPool() {
+    for (cudaEvent_t e : free) cudaEventDestroy(e);
+  }
+};
+
 }  // namespace
 
 int bind_device(int local_rank, int local_size, bool allow_sharing) {
@@ -55,6 +97,12 @@ int bind_device(int local_rank, int local_size, bool allow_sharing) {
                     "--ntasks-per-node=<GPUs>), or set device.allow_sharing for tests",
                 ErrorKind::kBadInput);
   const int dev = local_rank % n;
+  // Work already queued on another device (a context, a stream, memory) would stay there: binding comes first.
+  for (int used : device::devices_used())
+    if (used != dev)
+      throw Error("rank with local rank " + std::to_string(local_rank) + " is bound to CUDA device " +
+                  std::to_string(dev) + ", but device work already ran on CUDA device " + std::to_string(used) +
+                  " in this process: bind the device before any device work");
   device::set_device(dev);
   return dev;
 }
@@ -65,12 +113,37 @@ struct NcclCommunicator::State {
   int device = 0, rank = 0;
   std::atomic<int64_t> step{0};
   std::atomic<double> timeout_s{600.0};
+  std::shared_ptr<EventPool> pool = std::make_shared<EventPool>();
 
-  using Event = std::shared_ptr<CUevent_st>;  // shared by the pending list and the Work; destroyed by the last
-  static Event make_event() {
+  using Event = std::shared_ptr<CUevent_st>;  // shared by the pending list and the Work; back to the pool after
+  Event make_event() {
     cudaEvent_t e = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    return Event(e, [](cudaEvent_t x) { cudaEventDestroy(x); });
+    {
+      std::lock_guard<std::mutex> lock(pool->mu);
+      if (!pool->free.empty()) {
+        e = pool->free.back();
+        pool->free.pop_back();
+      }
+    }
+    if (!e) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    std::shared_ptr<EventPool> p = pool;
+    return Event(e, [p](cudaEvent_t x) {
+      std::lock_guard<std::mutex> lock(p->mu);
+      p->free.push_back(x);
+    });
+  }
+
+  // After an NCCL call that returned ncclInProgress (non-blocking mode): no other NCCL call until the state is
+  // ncclSuccess (NCCL documentation). Bounded by the timeout; an error or a timeout aborts the communicator.
+  void settle(ncclResult_t r, const std::string& what) {
+    if (r == ncclSuccess) return;
+    if (r != ncclInProgress) check_nccl(r, what);
+    const ncclResult_t state =
+        poll_state(comm, after(timeout_s.load()));
+    if (state == ncclSuccess) return;
+    fail(what + (state == ncclInProgress ? " did not complete within " + seconds(timeout_s.load()) + " s (comm.timeout_s)"
+                                         : std::string(": ") + ncclGetErrorString(state) + last_error(comm)) +
+         "; aborting the NCCL communicator");
   }
 
   struct Pending {
@@ -158,18 +231,65 @@ class NcclWork : public Work {
 
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(MPI_Comm comm, double timeout_s)
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, double timeout_s, NcclSetupFault fault)
     : host_(comm, timeout_s), state_(std::make_unique<State>()) {
   State& s = *state_;
   s.rank = host_.rank();
   s.device = device::current_device();
   s.timeout_s = timeout_s;
-  ncclUniqueId id;
-  if (host_.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, host_.comm());
-  check_nccl(ncclCommInitRank(&s.comm, host_.world_size(), id, host_.rank()),
-             "ncclCommInitRank (rank " + std::to_string(host_.rank()) + " of " + std::to_string(host_.world_size()) +
-                 ", device " + std::to_string(s.device) + ")");
+  const int world = host_.world_size();
+  const std::string where = "rank " + std::to_string(s.rank) + " of " + std::to_string(world) + ", device " +
+                            std::to_string(s.device);
+
+  // 1. The unique id, from rank 0, with its status word.
+  ncclUniqueId id{};
+  broadcast_from_rank0(
+      host_.comm(), &id, sizeof id,
+      [&](void* out) {
+        if (fault.stage == NcclSetupFault::Stage::kUniqueId)
+          throw Error("ncclGetUniqueId: injected failure (fault.nccl_setup_error, stage UNIQUE_ID) on rank 0");
+        check_nccl(ncclGetUniqueId(static_cast<ncclUniqueId*>(out)), "ncclGetUniqueId");
+      },
+      timeout_s, "NCCL unique id broadcast");
+
+  // 2. Every rank starts joining without blocking, then the ranks agree that every one of them did: a rank that
+  //    failed before joining would leave the others inside the join until the deadline.
+  std::string start_error;
+  try {
+    if (fault.stage == NcclSetupFault::Stage::kInit && fault.rank == s.rank)
+      throw Error("ncclCommInitRankConfig (" + where + "): injected failure (fault.nccl_setup_error, stage INIT)");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = ncclCommInitRankConfig(&s.comm, world, id, s.rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw Error("ncclCommInitRankConfig (" + where + "): " + ncclGetErrorString(r) + last_error(s.comm));
+  } catch (const Error& e) {
+    start_error = e.what();
+  }
+  int64_t failed[2] = {start_error.empty() ? 0 : 1, start_error.empty() ? 0 : world - s.rank};
+  host_.allreduce_i64(failed, ReduceOp::kMax, "NCCL set-up status all-reduce");
+  if (failed[0] != 0) {
+    if (s.comm) ncclCommAbort(s.comm);
+    s.comm = nullptr;
+    if (!start_error.empty()) throw Error(start_error);
+    Error e("NCCL set-up: rank " + std::to_string(world - failed[1]) +
+            " failed before joining the communicator; rank " + std::to_string(s.rank) + " aborted its join");
+    e.set_secondary();
+    throw e;
+  }
+
+  // 3. The join itself, bounded by comm.timeout_s.
+  const ncclResult_t state = poll_state(s.comm, after(timeout_s));
+  if (state != ncclSuccess) {
+    const std::string why = state == ncclInProgress
+                                ? "did not complete within " + seconds(timeout_s) +
+                                      " s (comm.timeout_s): a rank stopped during set-up, or the network between "
+                                      "the ranks is blocked (NCCL_SOCKET_IFNAME, firewalls)"
+                                : std::string(ncclGetErrorString(state)) + last_error(s.comm);
+    ncclCommAbort(s.comm);
+    s.comm = nullptr;
+    throw Error("ncclCommInitRankConfig (" + where + ") " + why + "; the NCCL communicator was aborted");
+  }
   check_cuda(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate (communication)");
   check_cuda(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming), "cudaEventCreate");
   s.monitor = std::thread([&s] { s.run_monitor(); });
@@ -179,9 +299,35 @@ NcclCommunicator::~NcclCommunicator() {
   State& s = *state_;
   s.stop = true;
   if (s.monitor.joinable()) s.monitor.join();
-  cudaStreamSynchronize(s.stream);
-  ncclCommDestroy(s.comm);
-  s.pending.clear();
+  // Bounded: a peer that died leaves the stream's collectives unfinished forever; then abort instead of destroy.
+  const double limit = std::min(s.timeout_s.load(), 60.0);
+  const Clock::time_point deadline = after(limit);
+  bool clean = true;
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(s.stream);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady || Clock::now() > deadline) {
+      clean = false;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  cudaGetLastError();
+  if (clean) {
+    const ncclResult_t r = ncclCommFinalize(s.comm);
+    clean = (r == ncclSuccess || r == ncclInProgress) && poll_state(s.comm, deadline) == ncclSuccess;
+  }
+  if (clean) {
+    ncclCommDestroy(s.comm);
+  } else {
+    std::fprintf(stderr, "ampdist: warning: [rank %d] NCCL communicator not finished within %.0f s at shut-down; "
+                 "aborting it\n", s.rank, limit);
+    ncclCommAbort(s.comm);
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.pending.clear();
+  }
   cudaEventDestroy(s.ready);
   cudaStreamDestroy(s.stream);
 }
@@ -190,9 +336,9 @@ std::unique_ptr<Work> NcclCommunicator::allreduce_async(void* buf, int64_t count
                                                         const std::string& what) {
   State& s = *state_;
   s.after_compute();
-  check_nccl(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(dtype), op == ReduceOp::kMax ? ncclMax : ncclSum,
-                           s.comm, s.stream),
-             what);
+  s.settle(ncclAllReduce(buf, buf, static_cast<size_t>(count), nccl_type(dtype), op == ReduceOp::kMax ? ncclMax : ncclSum,
+                         s.comm, s.stream),
+           what);
   ++stats_.allreduce;
   stats_.bytes += count * static_cast<int64_t>(dtype_size(dtype));
   return std::make_unique<NcclWork>(s.issued(what));
@@ -207,8 +353,8 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const void* send, v
   bool even = true;
   for (int64_t c : counts) even &= c == counts[0];
   if (even) {
-    check_nccl(ncclReduceScatter(send, recv, static_cast<size_t>(counts[0]), nccl_type(dtype), ncclSum, s.comm, s.stream),
-               what);
+    s.settle(ncclReduceScatter(send, recv, static_cast<size_t>(counts[0]), nccl_type(dtype), ncclSum, s.comm, s.stream),
+             what);
   } else {
     check_nccl(ncclGroupStart(), what);
     int64_t displ = 0;
@@ -218,7 +364,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter_async(const void* send, v
                  what);
       displ += counts[r];
     }
-    check_nccl(ncclGroupEnd(), what);
+    s.settle(ncclGroupEnd(), what);
   }
   int64_t total = 0;
   for (int64_t c : counts) total += c;
@@ -241,7 +387,7 @@ std::unique_ptr<Work> NcclCommunicator::allgather_inplace_async(void* buf, std::
                what);
     displ += counts[r];
   }
-  check_nccl(ncclGroupEnd(), what);
+  s.settle(ncclGroupEnd(), what);
   ++stats_.allgather;
   stats_.bytes += counts[rank()] * static_cast<int64_t>(es);
   return std::make_unique<NcclWork>(s.issued(what));

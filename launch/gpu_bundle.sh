@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# Packs a CUDA build of ampdist for a GPU machine that has the NVIDIA driver and the CUDA toolkit (cudart, cuBLAS,
-# NCCL) but no MPI, no protobuf and no network: the binaries, every shared library they need that is not the C
-# library or part of CUDA, and OpenMPI's run-time tree (plugins and help files, relocated with OPAL_PREFIX).
+# Packs a CUDA build of ampdist for a GPU host that has the NVIDIA driver and nothing else: no CUDA toolkit, no
+# NCCL, no MPI, no protobuf, no network. It carries the binaries (the CUDA runtime is linked into them statically),
+# every shared library they need except the C library and the driver (cuBLAS, cuBLASLt and NCCL included), OpenMPI's
+# run-time tree with its mpirun, and the check's data (Fashion-MNIST, the fortunes corpus as token files).
 #
-#   bash launch/gpu_bundle.sh [BUILD_DIR] [OUT_DIR]      (defaults: build, build/gpu-bundle)
+#   bash launch/gpu_bundle.sh [--no-archive] [BUILD_DIR] [OUT_DIR]      (defaults: build, BUILD_DIR/gpu-bundle)
 #
-# Writes OUT_DIR, OUT_DIR.tar.xz (what to carry) and BUILD_DIR/gpu-data (Fashion-MNIST's four files, when installed).
-# launch/gpu_check.sh uses OUT_DIR, unpacking OUT_DIR.tar.xz first when only that is there. The target machine must have the same x86-64 glibc line
-# (Debian 12's glibc 2.36 or newer).
+# Writes OUT_DIR and, unless --no-archive, OUT_DIR.tar.gz (what to carry; launch/gpu_check.sh unpacks it). Then it
+# runs its own checks and fails when one fails:
+#   - OUT_DIR/selfcheck.sh: every ELF file of the bundle resolves every library it needs inside the bundle or in the
+#     system's C library (ldd with the bundle's environment);
+#   - launch/check_isa.sh on every ELF file, when that script exists: no instruction beyond the x86-64 + AVX2
+#     baseline outside run-time dispatched code (the bundle's MANIFEST says when it was not run).
+# The target host needs the same x86-64 glibc line (Debian 12's glibc 2.36 or newer) and a driver of the R580
+# branch or newer (CUDA 13).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+archive=1
+if [[ ${1:-} == --no-archive ]]; then archive=0; shift; fi
 build=${1:-build}
 out=${2:-$build/gpu-bundle}
+say() { echo "gpu_bundle: $*"; }
 for b in ampdist tests/ampdist_gpu_tests; do
-  [[ -x $build/$b ]] || { echo "gpu_bundle: $build/$b is missing: build with the CUDA backend first" \
+  [[ -x $build/$b ]] || { say "$build/$b is missing: build with the CUDA backend first" \
                               "(bash launch/setup/build.sh -DAMPDIST_CUDA=ON)" >&2; exit 2; }
 done
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib"
+mkdir -p "$out/bin" "$out/lib" "$out/data"
 cp "$build/ampdist" "$build/tests/ampdist_gpu_tests" "$out/bin/"
+[[ -x $build/bench/ampdist_bench_gpu ]] && cp "$build/bench/ampdist_bench_gpu" "$out/bin/"
 
-# Libraries that stay the target's own: the C library and the dynamic loader (same glibc line), and CUDA's, which
-# the target's driver and toolkit provide (and which are far too large to carry).
-keep_system='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread|libdl\.|librt\.|libutil\.|libresolv|libcuda\.|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc)'
+# The libraries that stay the host's own: the C library and the dynamic loader (same glibc line), and the driver's
+# (libcuda and libnvidia-*: they must match the kernel module; no carried binary names them as NEEDED, the CUDA
+# runtime loads libcuda.so.1 at run time).
+keep_system='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread|libdl\.|librt\.|libutil\.|libresolv|libcuda\.|libnvidia)'
 
 copy_deps() {  # copy_deps FILE...: the non-system libraries FILE needs, recursively (ldd resolves the closure)
   ldd "$@" 2>/dev/null | awk '/=> \// {print $1, $3}' | sort -u | while read -r name path; do
@@ -30,47 +41,118 @@ copy_deps() {  # copy_deps FILE...: the non-system libraries FILE needs, recursi
     [[ -e $out/lib/$name ]] || cp -L "$path" "$out/lib/$name"
   done
 }
-copy_deps "$out/bin/ampdist" "$out/bin/ampdist_gpu_tests"
+copy_deps "$out"/bin/*
 
 # OpenMPI's run-time tree under the same relative paths as Debian's prefix (/usr), so that OPAL_PREFIX=$out finds
-# its plugins and help texts. Plugins whose own libraries are missing are skipped by OpenMPI at run time.
-mpi_libdir=$(dirname "$(readlink -f "$(ldconfig -p | awk '/libmpi\.so\.40 / {print $NF; exit}')")")
+# its plugins and help texts, and its launcher for the multi-GPU runs (one node: mpirun starts the ranks itself).
+mpi_lib=$(ldconfig -p | awk '/libmpi\.so\.40 / && !f {print $NF; f = 1}')
+mpi_libdir=$(dirname "$(readlink -f "$mpi_lib")")
 plugin_rel=lib/x86_64-linux-gnu/openmpi/lib/openmpi3
 if [[ -d $mpi_libdir/openmpi/lib/openmpi3 ]]; then
   mkdir -p "$out/$plugin_rel"
-  # The plugins a single process needs (singleton start-up, shared memory and TCP transports, PMIx): not the
-  # fabric ones (UCX, OFI, verbs), whose libraries are large and useless without their hardware.
+  # Not the fabric plugins (UCX, OFI, verbs ...), whose libraries are large and useless without their hardware.
   for p in "$mpi_libdir"/openmpi/lib/openmpi3/mca_*.so; do
     case $(basename "$p") in *ucx*|*ofi*|*verbs*|*psm*|*portals*|*cuda*|*lustre*|*gpfs*|*ime*) continue ;; esac
     cp -L "$p" "$out/$plugin_rel/"
   done
   copy_deps "$out/$plugin_rel"/mca_*.so
 fi
+if [[ -x /usr/bin/orterun ]]; then
+  cp -L /usr/bin/orterun "$out/bin/mpirun"
+  copy_deps "$out/bin/mpirun"
+fi
 [[ -d /usr/share/openmpi ]] && mkdir -p "$out/share" && cp -r /usr/share/openmpi "$out/share/"
-# PMIx (OpenMPI 4's run-time) looks for its own plugins the same way.
 pmix_dir=$mpi_libdir/pmix2/lib/pmix
-if [[ -n $pmix_dir && -d $pmix_dir ]]; then
+if [[ -d $pmix_dir ]]; then
   mkdir -p "$out/pmix"
   cp -L "$pmix_dir"/*.so "$out/pmix/"
   copy_deps "$out/pmix"/*.so
+fi
+
+# The check's data: Fashion-MNIST (Debian's dataset-fashion-mnist) and the fortunes corpus as token files.
+if [[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]]; then
+  mkdir -p "$out/data/fashion-mnist"
+  cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$out/data/fashion-mnist/"
+fi
+if [[ -d /usr/share/games/fortunes ]]; then
+  "$build/ampdist" prepare-text /usr/share/games/fortunes --out "$out/data/fortunes" >"$out/data/fortunes.txt" 2>&1 ||
+    { say "prepare-text of the fortunes corpus failed:"; cat "$out/data/fortunes.txt"; exit 1; }
 fi
 
 cat > "$out/env.sh" <<'ENV'
 # Sourced by launch/gpu_check.sh: run the bundled binaries with the bundled libraries and OpenMPI tree.
 bundle_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LD_LIBRARY_PATH="$bundle_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export OPAL_PREFIX="$bundle_dir"
+export OPAL_PREFIX="$bundle_dir" PATH="$bundle_dir/bin:$PATH"
 [[ -d $bundle_dir/pmix ]] && export PMIX_MCA_mca_base_component_path="$bundle_dir/pmix"
-# One process, no mpirun: do not start an orted (the singleton stays alone).
+# A process started without mpirun stays a singleton (no orted to start); mpirun runs one node's ranks itself.
 export OMPI_MCA_ess_singleton_isolated=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 ENV
-du -sh "$out" | awk '{print "gpu_bundle: " $2 ": " $1}'
-# A compressed copy for carrying (OpenBLAS alone is 36 MB uncompressed), and the main job's data beside it.
-tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
-du -sh "$out.tar.xz" | awk '{print "gpu_bundle: " $2 ": " $1}'
-if [[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]]; then
-  mkdir -p "$build/gpu-data"
-  cp /usr/share/datasets/fashion-mnist/*-ubyte.gz "$build/gpu-data/"
-  du -sh "$build/gpu-data" | awk '{print "gpu_bundle: " $2 " (Fashion-MNIST): " $1}'
+
+cat > "$out/selfcheck.sh" <<'CHECK'
+#!/usr/bin/env bash
+# Every ELF file of this bundle must find every library it needs in the bundle, or be one of the host's C library
+# (libc, libm, libpthread, libdl, librt, libutil, libresolv, the loader). Prints one line per problem; exit 1 if any.
+bundle_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$bundle_dir/env.sh"
+system='^(linux-vdso\.so|ld-linux-x86-64\.so|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libutil\.so|libresolv\.so)'
+bad=0 files=0
+while IFS= read -r f; do
+  head -c 4 "$f" 2>/dev/null | grep -q 'ELF' || continue
+  files=$((files + 1))
+  while read -r name arrow path _; do
+    [[ $arrow == "=>" ]] || { [[ $name == /* || $name =~ $system ]] && continue; }
+    if [[ $path == "not" ]]; then echo "selfcheck: ${f#$bundle_dir/}: $name not found"; bad=1; continue; fi
+    [[ $name =~ $system ]] && continue
+    [[ $path == "$bundle_dir"/* ]] || { echo "selfcheck: ${f#$bundle_dir/}: $name resolves outside the bundle ($path)"; bad=1; }
+  done < <(ldd "$f" 2>/dev/null)
+done < <(find "$bundle_dir/bin" "$bundle_dir/lib" "$bundle_dir/pmix" -type f 2>/dev/null)
+(( files > 0 )) || { echo "selfcheck: no ELF files in $bundle_dir"; exit 1; }
+(( bad == 0 )) && echo "selfcheck: $files ELF files, every library resolved within the bundle or the C library"
+exit $bad
+CHECK
+chmod +x "$out/selfcheck.sh"
+
+# The instruction-set check, on every ELF file (the binaries, the carried libraries, the MPI plugins).
+mapfile -t elves < <(find "$out/bin" "$out/lib" "$out/pmix" -type f -exec sh -c 'head -c 4 "$1" | grep -q ELF' _ {} \; -print 2>/dev/null)
+if [[ -f launch/check_isa.sh ]]; then
+  if isa_out=$(bash launch/check_isa.sh "${elves[@]}" 2>&1); then
+    isa="passed on ${#elves[@]} ELF files (launch/check_isa.sh: x86-64 + AVX2 baseline)"
+  else
+    echo "$isa_out" | sed 's/^/gpu_bundle: isa: /'
+    isa="FAILED (launch/check_isa.sh)"
+  fi
+else
+  isa="not run: launch/check_isa.sh is not in this tree"
+fi
+
+cuda_version=$(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+{
+  echo "ampdist GPU bundle, made $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "cuda_runtime: ${cuda_version:-unknown} (linked statically; needs a driver of the R580 branch or newer)"
+  # The device code the CUDA objects were compiled to: cubins (sm_XY) and PTX (compute_XY, JIT-compiled for newer).
+  echo "cuda_architectures: $(grep -ho 'code=\[[^]]*\]' "$build"/CMakeFiles/ampdist_lib.dir/flags.make 2>/dev/null |
+                               sed 's/^code=\[//; s/\]$//' | tr ',' '\n' | sort -u | tr '\n' ' ')"
+  echo "isa_check: $isa"
+  # A build with -march=native (AMPDIST_NATIVE) may use any instruction of this machine's CPU: the host needs them.
+  if grep -q '^AMPDIST_NATIVE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+    flags=$(awk -F': ' '/^flags/ {print $2; exit}' /proc/cpuinfo)
+    echo "cpu_flags_required: $(for f in avx2 fma f16c bmi2 avx512f avx512bw avx512vl avx512_bf16 avx512_fp16 amx_bf16 amx_tile; do
+      [[ " $flags " == *" $f "* ]] && printf '%s ' "$f"; done)(built with -march=native)"
+  else
+    echo "cpu_flags_required: avx2 (portable build)"
+  fi
+  echo "size: $(du -sh "$out" | awk '{print $1}')"
+  (cd "$out" && find . -type f -printf '%s %p\n' | sort -k2)
+} > "$out/MANIFEST"
+
+self=$(bash "$out/selfcheck.sh") || { echo "$self" | sed 's/^/gpu_bundle: /'; exit 1; }
+say "$self"
+say "ISA check: $isa"
+say "$out: $(du -sh "$out" | awk '{print $1}')"
+[[ $isa == FAILED* ]] && exit 1
+if (( archive )); then
+  tar -C "$(dirname "$out")" -cf - "$(basename "$out")" | gzip -1 > "$out.tar.gz"
+  say "$out.tar.gz: $(du -sh "$out.tar.gz" | awk '{print $1}')"
 fi

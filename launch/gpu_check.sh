@@ -1,100 +1,274 @@
 #!/usr/bin/env bash
-# The GPU check: on a machine with one or more NVIDIA GPUs (and no network), run the CUDA backend's tests and train
-# the main job for a bounded number of steps in fp32, fp16 and bf16, then print one summary. Bounded to 8 minutes.
+# The GPU check: on a host with NVIDIA GPUs (the driver, and nothing else: no toolkit, no MPI, no network), run the
+# CUDA backend's tests, a set-up fault drill, training runs in fp32, fp16 and bf16, the NCCL all-reduce benchmark
+# and the kernel micro-benchmarks from the carried bundle (launch/gpu_bundle.sh), then give one verdict and a table.
 #
-#   bash launch/gpu_check.sh
+#   bash launch/gpu_check.sh [BUNDLE]      BUNDLE: the bundle directory or its .tar.gz
+#                                          (default build/gpu-bundle, else build/gpu-bundle.tar.gz)
 #
-# Binaries: build/gpu-bundle (made by launch/gpu_bundle.sh on a machine with the full toolchain; carries the
-# binaries with their non-CUDA libraries and OpenMPI's run-time tree), else build/ when it was configured with the
-# CUDA backend and MPI is installed, else a fresh CUDA build when MPI and protobuf are installed.
-# Data: /usr/share/datasets/fashion-mnist, else build/gpu-data (copy the four .gz files there), else the synthetic
-# dataset with Fashion-MNIST's shapes (784 features, 10 classes; said in the summary).
+# Exit 0 only when every GPU test passed and none was skipped, every training run and the drill ended as they must,
+# and the benchmarks' results checked out. Anything else is exit 1 with one line "gpu_check: FAIL: ..." saying why;
+# when nothing could run on a GPU (the preflight found something missing), that line is all it prints.
+# Bounded to 9.5 minutes in all (each stage has its own limit). Logs: $GPU_CHECK_OUT (default build/gpu-check).
+# Step counts: GPU_CHECK_MLP_STEPS (1500), GPU_CHECK_GPT_STEPS (300), GPU_CHECK_GPT2_STEPS (30).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
-deadline=$((SECONDS + 470))
+start=$SECONDS
+deadline=$((SECONDS + 570))
 out=${GPU_CHECK_OUT:-$root/build/gpu-check}
+rm -rf "$out"
 mkdir -p "$out"
-say() { echo "gpu_check: $*"; }
 left() { echo $((deadline - SECONDS)); }
+# A stage's limit: its own, or what is left of the whole check (less 10 s for the table) when that is shorter.
+lim() {
+  local l=$1 r=$(($(left) - 10))
+  (( r < l )) && l=$r
+  (( l < 1 )) && l=1
+  echo "$l"
+}
+say() { echo "gpu_check: $*"; }
+fail_line() { echo "gpu_check: FAIL: $*"; }
 
-if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
-  say "no NVIDIA GPU visible (nvidia-smi -L failed): nothing to check"; exit 2
+# ---- the bundle -------------------------------------------------------------------------------------------------
+bundle=${1:-}
+if [[ -z $bundle ]]; then
+  bundle=build/gpu-bundle
+  [[ -d $bundle ]] || bundle=build/gpu-bundle.tar.gz
 fi
-nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv,noheader | sed 's/^/gpu: /'
+if [[ -f $bundle && $bundle == *.tar.gz ]]; then
+  t0=$SECONDS
+  mkdir -p "$out/unpacked"
+  tar -C "$out/unpacked" -xzf "$bundle" || { fail_line "nothing ran on a GPU: cannot unpack $bundle"; exit 1; }
+  bundle=$(find "$out/unpacked" -mindepth 1 -maxdepth 1 -type d | head -1)
+  echo "unpacked in $((SECONDS - t0)) s" > "$out/unpack.txt"
+fi
+if [[ ! -x $bundle/bin/ampdist || ! -f $bundle/env.sh ]]; then
+  fail_line "nothing ran on a GPU: no bundle at ${1:-build/gpu-bundle[.tar.gz]} (make one with launch/gpu_bundle.sh)"
+  exit 1
+fi
+bundle=$(cd "$bundle" && pwd)
+# shellcheck disable=SC1091
+source "$bundle/env.sh"
+bin=$bundle/bin
 
-bin=""
-if [[ ! -x build/gpu-bundle/bin/ampdist && -f build/gpu-bundle.tar.xz ]]; then
-  tar -C build -xJf build/gpu-bundle.tar.xz && say "unpacked build/gpu-bundle.tar.xz"
-fi
-if [[ -x build/gpu-bundle/bin/ampdist ]]; then
-  source build/gpu-bundle/env.sh
-  bin=build/gpu-bundle/bin
-  for cuda_lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [[ -d $cuda_lib ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cuda_lib"
-  done
-  say "using the carried bundle build/gpu-bundle"
-elif [[ -x build/tests/ampdist_gpu_tests ]] && command -v mpirun >/dev/null; then
-  bin=build
-  say "using build/"
-elif command -v mpirun >/dev/null && command -v protoc >/dev/null; then
-  say "building with the CUDA backend in build-gpu/"
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DAMPDIST_CUDA=ON -DAMPDIST_BUILD_BENCH=OFF >"$out/build.log" 2>&1 &&
-    timeout $(($(left) - 240)) cmake --build build-gpu -j "$(nproc)" >>"$out/build.log" 2>&1 ||
-    { say "build failed, see $out/build.log"; tail -20 "$out/build.log"; exit 1; }
-  bin=build-gpu
+# ---- preflight: everything a run needs, then one line of what is missing ------------------------------------------
+missing=()
+pre=$out/preflight.txt
+: > "$pre"
+gpus=0 gpu_name="" driver=""
+if ! command -v nvidia-smi >/dev/null; then
+  missing+=("nvidia-smi is not on PATH (no NVIDIA driver installed?)")
+elif ! nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv,noheader \
+       >"$out/gpus.csv" 2>&1; then
+  missing+=("nvidia-smi failed: $(head -1 "$out/gpus.csv")")
 else
-  say "no carried bundle (build/gpu-bundle) and no MPI/protobuf to build with: run launch/gpu_bundle.sh on a"\
-      "build machine and carry build/gpu-bundle"
-  exit 2
+  gpus=$(grep -c . "$out/gpus.csv")
+  gpu_name=$(head -1 "$out/gpus.csv" | cut -d, -f2 | sed 's/^ *//;s/ *$//')
+  driver=$(head -1 "$out/gpus.csv" | cut -d, -f3 | tr -d ' ')
+  sed 's/^/gpu: /' "$out/gpus.csv" >> "$pre"
+  (( gpus > 0 )) || missing+=("nvidia-smi lists no GPU")
+  # CUDA 13 (the bundle's runtime) needs a driver of the R580 branch or newer (CUDA 13.0 release notes).
+  [[ ${driver%%.*} =~ ^[0-9]+$ ]] && (( ${driver%%.*} >= 580 )) ||
+    missing+=("driver $driver is older than the R580 branch that CUDA 13 needs")
 fi
-ampdist=$bin/ampdist
-gpu_tests=$bin/ampdist_gpu_tests
-[[ -x $gpu_tests ]] || gpu_tests=$bin/tests/ampdist_gpu_tests
-missing=$(ldd "$ampdist" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')
-[[ -z $missing ]] || { say "libraries not found for $ampdist: $missing(is the CUDA toolkit's lib64 present?)"; exit 1; }
-
-# 1. The GPU tests: kernels against the CPU backend, the scenarios on GPU buffers, a short training run.
-say "running the GPU tests (one process)"
-timeout 240 "$gpu_tests" --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
-tests_rc=$?
-tests_line=$(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/gpu_tests.log" | tr '\n' ' ')
-grep -E 'FAILED|Failure|error' "$out/gpu_tests.log" | head -40
-say "GPU tests: exit $tests_rc: $tests_line"
-
-# 2. The main job for a bounded number of steps in each precision.
-data_dir=/usr/share/datasets/fashion-mnist
-[[ -f $data_dir/train-images-idx3-ubyte.gz ]] || data_dir=$root/build/gpu-data
-data_note="Fashion-MNIST"
-data_set=(--set "data.idx.dir=$data_dir")
-if [[ ! -f $data_dir/train-images-idx3-ubyte.gz ]]; then
-  data_note="synthetic data with Fashion-MNIST's shapes (no Fashion-MNIST files here)"
-  data_set=(--set "data.synthetic.train_samples=60000" --set "data.synthetic.test_samples=10000"
-            --set "data.synthetic.features=784" --set "data.synthetic.classes=10")
+echo "driver: ${driver:-none}; GPUs: $gpus x ${gpu_name:-none}" >> "$pre"
+# Device code for this GPU: its own cubin (sm_XY), or PTX of an older architecture that the driver compiles.
+archs=$(sed -n 's/^cuda_architectures: //p' "$bundle/MANIFEST" 2>/dev/null)
+cc=$(head -1 "$out/gpus.csv" 2>/dev/null | cut -d, -f5 | tr -d ' .')
+if [[ -n $cc && -n $archs && " $archs " != *" sm_$cc "* ]]; then
+  ptx_ok=0
+  for a in $archs; do [[ $a == compute_* ]] && (( ${a#compute_} <= cc )) && ptx_ok=1; done
+  (( ptx_ok )) || missing+=("the bundle has no device code for compute capability $cc (it has: $archs)")
 fi
-steps=${GPU_CHECK_STEPS:-1500}
-declare -A sps acc
+echo "device code: ${archs:-unknown}" >> "$pre"
+# Every library of every carried ELF file resolves (the bundle's own self-check).
+if ! bash "$bundle/selfcheck.sh" > "$out/selfcheck.txt" 2>&1; then
+  missing+=("carried libraries unresolved: $(grep -v '^selfcheck: [0-9]* ELF' "$out/selfcheck.txt" | head -3 | tr '\n' ' ')")
+fi
+cat "$out/selfcheck.txt" >> "$pre"
+# The driver's libcuda.so.1, which the statically linked CUDA runtime loads at run time.
+"$bin/ampdist" env > "$out/env.txt" 2>&1
+cuda_line=$(grep -m1 'CUDA driver:' "$out/env.txt" | sed 's/^ *CUDA driver: *//')
+echo "libcuda: ${cuda_line:-unknown}" >> "$pre"
+if [[ -z $cuda_line ]]; then
+  missing+=("ampdist env failed: $(tail -1 "$out/env.txt")")
+elif [[ $cuda_line == *"not found"* || $cuda_line == *rror* ]]; then
+  missing+=("the NVIDIA driver's libcuda.so.1 cannot be loaded: $cuda_line (no driver in this machine or container)")
+fi
+# The host CPU: the bundle's binaries need x86-64 with AVX2 (launch/check_isa.sh's baseline), or every flag of the
+# build machine's CPU when it was built with -march=native.
+cpu_model=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+cpu_flags=$(awk -F': ' '/^flags/ {print $2; exit}' /proc/cpuinfo)
+echo "cpu: $cpu_model; $(for f in avx2 fma f16c avx512f avx512_bf16 avx512_fp16 amx_bf16; do
+  [[ " $cpu_flags " == *" $f "* ]] && printf '%s ' "$f"; done)" >> "$pre"
+need=$(sed -n 's/^cpu_flags_required: \([^(]*\).*/\1/p' "$bundle/MANIFEST" 2>/dev/null)
+lacking=""
+for f in ${need:-avx2}; do [[ " $cpu_flags " == *" $f "* ]] || lacking+="$f "; done
+[[ -z $lacking ]] || missing+=("the host CPU ($cpu_model) lacks ${lacking% } that the bundle's binaries may use (MANIFEST: cpu_flags_required; rebuild with -DAMPDIST_NATIVE=OFF for a portable bundle)")
+grep -h '^isa_check:' "$bundle/MANIFEST" >> "$pre" 2>/dev/null
+if (( ${#missing[@]} > 0 )); then
+  reason=$(printf '%s; ' "${missing[@]}")
+  fail_line "nothing ran on a GPU: ${reason%; } (nvidia-smi: ${gpus} x ${gpu_name:-none}; details in $pre)"
+  exit 1
+fi
+cat "$pre"
+
+failures=()
+ran_on_gpu=0
+
+# ---- 1. the GPU tests ------------------------------------------------------------------------------------------
+# gtest_counts LOG: "passed failed skipped" from gtest's summary lines.
+gtest_counts() {
+  local p f s
+  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$1" | tail -1)
+  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$1" | tail -1)
+  s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$1" | tail -1)
+  echo "${p:-0} ${f:-0} ${s:-0}"
+}
+declare -A test_row
+run_tests() {  # run_tests NAME LIMIT COMMAND...
+  local name=$1 limit=$2; shift 2
+  local log=$out/tests_$name.log
+  timeout "$(lim "$limit")" "$@" >"$log" 2>&1
+  local rc=$? p f s
+  read -r p f s < <(gtest_counts "$log")
+  test_row[$name]="$p passed, $f failed, $s skipped (exit $rc)"
+  say "GPU tests $name: ${test_row[$name]}"
+  (( p > 0 )) && ran_on_gpu=1
+  (( rc == 0 && f == 0 )) || failures+=("GPU tests $name: exit $rc, $f failed (see $log)")
+  if (( s > 0 )); then
+    # gtest prints "<file>:<line>: Skipped" and the reason on the next line; else name the first skipped test.
+    local why
+    why=$(grep -m1 -A1 ': Skipped$' "$log" | tail -1)
+    [[ -n $why ]] || why=$(grep -m1 '^\[  SKIPPED \] [A-Za-z]' "$log" | sed 's/^\[  SKIPPED \] //')
+    failures+=("GPU tests $name: $s skipped (first: $why)")
+  fi
+  (( p == 0 && s == 0 && f == 0 )) && failures+=("GPU tests $name: no test ran (exit $rc, see $log)")
+}
+# One process: everything but the tests that need two ranks.
+run_tests np1 150 "$bin/ampdist_gpu_tests" --gtest_filter='-GpuTwoRanks*'
+if (( gpus >= 2 )); then
+  run_tests "np$gpus" 180 mpirun -np "$gpus" "$bin/ampdist_gpu_tests"
+fi
+
+# ---- 2. the NCCL set-up fault drill: one rank fails to join, every rank ends within the deadline, one line, exit 1 --
+drill_row="not run"
+if (( $(left) > 200 )); then
+  drill_log=$out/drill_nccl_setup.log
+  t0=$SECONDS
+  AMPDIST_FAULT='nccl_setup_error { rank: 1 stage: INIT }' timeout "$(lim 90)" mpirun -q -np 2 "$bin/ampdist" train \
+    --config configs/fashion_mnist_mlp.pbtxt --device cuda --set device.allow_sharing=true \
+    --set comm.timeout_s=30 --set "data.idx.dir=$bundle/data/fashion-mnist" --set train.steps=5 \
+    --run-dir "$out/run_drill" >"$drill_log" 2>&1
+  rc=$? dt=$((SECONDS - t0))
+  lines=$(grep -c '^ampdist: error:' "$drill_log")
+  drill_row="exit $rc in $dt s, $lines error line(s)"
+  say "NCCL set-up drill: $drill_row"
+  (( rc == 1 && lines == 1 && dt < 60 )) ||
+    failures+=("NCCL set-up drill: expected exit 1 with one error line within 60 s, got $drill_row (see $drill_log)")
+fi
+
+# ---- 3. training runs ------------------------------------------------------------------------------------------
+declare -A sps mfu status
+# Dense tensor-core and FP32 peaks of the GPU model, FLOP/s (NVIDIA datasheets: H100/H200 SXM 989 TFLOP/s bf16/fp16
+# dense, 67 TFLOP/s FP32; A100 312 and 19.5).
+case $gpu_name in
+  *H200*|*H100*SXM*|*H100\ 80GB\ HBM3*) peak16=989e12 peak32=67e12 ;;
+  *H100*) peak16=756e12 peak32=51e12 ;;
+  *A100*) peak16=312e12 peak32=19.5e12 ;;
+  *) peak16="" peak32="" ;;
+esac
+train_run() {  # train_run ROW LIMIT PRECISION CONFIG FLOPS_PER_SAMPLE ARGS...
+  local row=$1 limit=$2 p=$3 cfg=$4 fps=$5; shift 5
+  local log=$out/train_${row// /_}_$p.log
+  if (( $(left) < limit + 30 )); then status[$row/$p]="not run (time)"; failures+=("$row $p: out of time"); return; fi
+  timeout "$limit" "$bin/ampdist" train --config "$cfg" --device cuda --precision "$p" "$@" \
+    --set checkpoint.save_final=false --run-dir "$out/run_${row// /_}_$p" >"$log" 2>&1
+  local rc=$?
+  sps[$row/$p]=$(awk '/^samples\/s:/ {print $2}' "$log")
+  status[$row/$p]="exit $rc"
+  if (( rc != 0 )); then
+    failures+=("training $row $p: exit $rc: $(grep -m1 'error' "$log")")
+  elif grep -q 'CUDA backend' "$log"; then
+    ran_on_gpu=1
+  else
+    failures+=("training $row $p: did not run on the CUDA backend")
+  fi
+  local peak=$peak32
+  [[ $p != fp32 ]] && peak=$peak16
+  if [[ -n ${sps[$row/$p]} && -n $fps && -n $peak ]]; then
+    mfu[$row/$p]=$(awk -v s="${sps[$row/$p]}" -v f="$fps" -v pk="$peak" 'BEGIN {printf "%.1f%%", 100 * s * f / pk}')
+  fi
+}
+# GPT FLOPs per sample (a window of T tokens): 6 N T for the parameter GEMMs forward and backward plus 12 L C T^2
+# for attention's two GEMMs (PaLM, appendix B; llm.c's estimate_mfu), with N = 12 L C^2 (the blocks' matrices) +
+# V C (the tied LM head, which is a GEMM; the position table is not).
+gpt_flops() {  # gpt_flops L C T V
+  awk -v L="$1" -v C="$2" -v T="$3" -v V="$4" 'BEGIN {N = L * 12 * C * C + V * C; printf "%.6e", 6 * N * T + 12 * L * C * T * T}'
+}
+mlp_steps=${GPU_CHECK_MLP_STEPS:-1500}
+gpt_steps=${GPU_CHECK_GPT_STEPS:-300}
+gpt2_steps=${GPU_CHECK_GPT2_STEPS:-30}
+fortunes=(--set "data.tokens.train=$bundle/data/fortunes/train.bin" --set "data.tokens.val=$bundle/data/fortunes/val.bin")
 for p in fp32 fp16 bf16; do
-  t=$(( $(left) / 3 ))
-  (( t > 20 )) || { say "out of time before $p"; break; }
-  log="$out/train_$p.log"
-  timeout "$t" "$ampdist" train --config configs/fashion_mnist_mlp.pbtxt --device cuda --precision "$p" \
-    "${data_set[@]}" --set "train.steps=$steps" --set "log.every_steps=500" --set "checkpoint.save_final=false" \
-    --run-dir "$out/run_$p" >"$log" 2>&1
-  rc=$?
-  sps[$p]=$(awk '/^samples\/s:/ {print $2}' "$log")
-  acc[$p]=$(awk '/^test accuracy:/ {print $3}' "$log")
-  say "train $p: exit $rc, $(grep -E '^(samples/s|test accuracy|skipped steps|final loss scale):' "$log" | tr '\n' ' ')"
-  (( rc == 0 )) || tail -5 "$log"
+  train_run "MLP" 60 "$p" configs/fashion_mnist_mlp.pbtxt "" --set "data.idx.dir=$bundle/data/fashion-mnist" \
+    --set "train.steps=$mlp_steps" --set log.every_steps=500
+done
+for p in fp32 fp16 bf16; do
+  train_run "GPT fortunes" 60 "$p" configs/fortunes_gpt.pbtxt "$(gpt_flops 2 64 64 256)" "${fortunes[@]}" \
+    --set "train.steps=$gpt_steps" --set log.every_steps=100
+done
+gpt2=(--set model.gpt.n_layer=12 --set model.gpt.n_head=12 --set model.gpt.n_embd=768 --set model.gpt.seq_len=1024
+      --set data.global_batch_size=8 --set data.eval_batch_size=8 --set "train.steps=$gpt2_steps"
+      --set log.every_steps=10 --set optimizer.schedule.warmup_steps=5)
+for p in bf16 fp16; do
+  train_run "GPT-2 124M shape" 120 "$p" configs/fortunes_gpt.pbtxt "$(gpt_flops 12 768 1024 256)" \
+    "${fortunes[@]}" "${gpt2[@]}"
 done
 
+# ---- 4. NCCL all-reduce bus bandwidth, and the kernel micro-benchmarks --------------------------------------------
+declare -A busbw
+if [[ -x $bin/ampdist_bench_gpu ]]; then
+  for n in 1 $(( gpus >= 2 ? gpus : 0 )); do
+    (( n > 0 )) || continue
+    log=$out/nccl_np$n.log
+    timeout "$(lim 60)" mpirun -np "$n" "$bin/ampdist_bench_gpu" allreduce >"$log" 2>&1
+    rc=$?
+    busbw[$n]=$(awk '/^allreduce max:/ {print $3 " GB/s algbw, " $6 " GB/s busbw at " $10 " bytes"}' "$log")
+    (( rc == 0 )) || failures+=("NCCL all-reduce benchmark on $n GPU(s): exit $rc: $(grep -m1 -i 'error\|wrong' "$log")")
+  done
+  timeout "$(lim 90)" "$bin/ampdist_bench_gpu" kernels >"$out/kernels.log" 2>&1 ||
+    failures+=("kernel micro-benchmarks: exit $? (see $out/kernels.log)")
+else
+  failures+=("the bundle has no ampdist_bench_gpu (NCCL bandwidth and kernel benchmarks not run)")
+fi
+
+# ---- verdict and table -------------------------------------------------------------------------------------------
+(( ran_on_gpu )) || failures=("nothing ran on a GPU: ${failures[*]:-no test and no run reported the GPU}")
 echo
-echo "==== gpu_check summary ===="
-nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | sed 's/^/device: /'
-echo "GPU tests: exit $tests_rc $tests_line"
-echo "main job: $steps steps, global batch 128, $data_note"
-for p in fp32 fp16 bf16; do
-  printf '  %-5s samples/s %-10s test accuracy %s\n' "$p" "${sps[$p]:-n/a}" "${acc[$p]:-n/a}"
+if (( ${#failures[@]} > 0 )); then
+  reason=$(printf '%s; ' "${failures[@]}")
+  fail_line "${reason%; }"
+  verdict=1
+else
+  say "PASS: every GPU test passed (none skipped), every run and the drill ended as they must ($((SECONDS - start)) s)"
+  verdict=0
+fi
+echo
+echo "==== gpu_check: $gpus x $gpu_name, driver $driver, $((SECONDS - start)) s ===="
+printf '%-22s %s\n' "GPU tests (1 process)" "${test_row[np1]:-not run}"
+(( gpus >= 2 )) && printf '%-22s %s\n' "GPU tests ($gpus ranks)" "${test_row[np$gpus]:-not run}"
+printf '%-22s %s\n' "NCCL set-up drill" "$drill_row"
+printf '%-22s %-6s %-14s %-10s %s\n' "run" "prec" "samples/s" "MFU" "status"
+for row in "MLP" "GPT fortunes" "GPT-2 124M shape"; do
+  for p in fp32 fp16 bf16; do
+    [[ -n ${status[$row/$p]:-} ]] || continue
+    printf '%-22s %-6s %-14s %-10s %s\n' "$row" "$p" "${sps[$row/$p]:-n/a}" "${mfu[$row/$p]:--}" "${status[$row/$p]}"
+  done
 done
+printf '%-22s %s\n' "NCCL all-reduce 1 GPU" "${busbw[1]:-not run}"
+(( gpus >= 2 )) && printf '%-22s %s\n' "NCCL all-reduce $gpus GPUs" "${busbw[$gpus]:-not run}"
+[[ -f $out/kernels.log ]] && grep '^kernel ' "$out/kernels.log"
 echo "logs: $out"
-(( tests_rc == 0 )) || exit 1
+exit $verdict

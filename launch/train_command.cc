@@ -143,7 +143,14 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   run_phase(build, source, [&] {
 #ifdef AMPDIST_HAVE_CUDA
     if (device == Device::kCUDA) {
-      nccl = std::make_unique<NcclCommunicator>(comm.comm(), cfg.comm().timeout_s());
+      NcclSetupFault fault;
+      if (cfg.fault().has_nccl_setup_error()) {
+        const NcclSetupError& f = cfg.fault().nccl_setup_error();
+        fault.stage = f.stage() == NcclSetupError::UNIQUE_ID ? NcclSetupFault::Stage::kUniqueId
+                                                             : NcclSetupFault::Stage::kInit;
+        fault.rank = f.rank();
+      }
+      nccl = std::make_unique<NcclCommunicator>(comm.comm(), cfg.comm().timeout_s(), fault);
       train_comm = nccl.get();
     }
 #endif

@@ -4,14 +4,25 @@
 // (AMPDIST_CUDA=OFF, or no toolkit found) device_count() is 0, built_with_cuda() is false, and every function that
 // needs a device throws ampdist::Error("this build has no CUDA backend ...").
 //
-// One compute stream per process (created on first use, non-blocking with respect to the legacy default stream):
-// every kernel, cuBLAS call and host<->device copy of the runtime is ordered on it, so a training step needs no
-// host synchronisation; the NCCL communicator orders its own stream against it with events.
+// One compute stream per device (created on the device's first use, non-blocking with respect to the legacy default
+// stream): every kernel, cuBLAS call and host<->device copy of the runtime is ordered on the current device's stream,
+// so a training step needs no host synchronisation; the NCCL communicator orders its own stream against it with
+// events. Everything else kept per device (cuBLAS handles, reduction scratch, staging buffers) is looked up by the
+// current device too, so a process may switch devices (cudaSetDevice semantics) without launching on another
+// device's stream. A rank binds its device (bind_device) before any device work, so that it never creates a context
+// on a GPU that belongs to another rank.
+//
+// Memory comes from the device's stream-ordered pool (cudaMallocAsync / cudaFreeAsync on the compute stream, with
+// the pool's release threshold at its maximum, so freed blocks are cached instead of handed back at every
+// synchronisation): a buffer released while kernels queued on the compute stream still use it is reused only after
+// they ran, and a release never synchronises the device (cudaFree does). A buffer handed to a collective on another
+// stream must outlive Work::wait() (the communicator's contract).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/core/dtype.h"
 
@@ -43,16 +54,32 @@ void free(void* p);
 
 // On the compute stream, asynchronous to the host: dst = 0 for `bytes` bytes.
 void memset_zero(void* dst, size_t bytes);
-// Copies `bytes` from src to dst on the compute stream. Host -> device and device -> device return at once (host
-// memory that is not page-locked is staged by the driver first); device -> host returns when the bytes are on the
-// host, i.e. it synchronises the compute stream. Host -> host is a memcpy (in every build), so code written for
-// either device can copy a value to the host the same way.
+// Copies `bytes` from src to dst on the compute stream. Host -> device and device -> device return at once: host
+// memory that is not page-locked and at most kStagingBytes long is first copied into one of kStagingSlots page-locked
+// staging buffers of this device (each with an event that says when the device has read it; the host waits only
+// when it comes back to a slot whose copy has not run yet), so the copy is a true asynchronous DMA. Longer pageable
+// copies go through the driver's own staging. Device -> host returns when the bytes are on the host, i.e. it
+// synchronises the compute stream. Host -> host is a memcpy (in every build), so code written for either device can
+// copy a value to the host the same way.
+constexpr int kStagingSlots = 8;
+constexpr size_t kStagingBytes = size_t{64} << 20;
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // Blocks until all work queued on the compute stream is done. Throws Error with the CUDA error, if any.
 void synchronize();
 
-// The compute stream as an opaque handle (a cudaStream_t).
+// The current device's compute stream as an opaque handle (a cudaStream_t); created on first use.
 void* compute_stream();
+// Devices of this process that have a compute stream (were used for device work), in index order; bind_device
+// refuses to bind a rank to one device after work ran on another.
+std::vector<int> devices_used();
+
+// The current device's instance of T, for state a backend keeps per device (library handles, scratch buffers):
+// one default-constructed T per device index, created on first use and never destroyed (static Tensors release
+// their memory at exit through it). Main-thread use only, as every launcher of the runtime.
+template <typename T> T& per_current_device() {
+  static T* table = new T[64];
+  return table[current_device()];
+}
 
 // Page-locked host memory for asynchronous device -> host copies (cudaMallocHost); freed with free_host.
 void* alloc_host(size_t bytes);

@@ -26,18 +26,29 @@ constexpr float kGeluCoeff = 0.044715f;
 // tanh(u) = 1 - 2 / (exp(2u) + 1): exact at both tails (exp -> 0 gives -1, exp -> inf gives 1) and within a few
 // 1e-8 of tanhf in absolute terms, which is all GELU needs. glibc's tanhf (through expm1f) costs about 5x expf and
 // was a third of a small GPT's training step on the CPU.
-AMPDIST_HOST_DEVICE float tanh_exp(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
-AMPDIST_HOST_DEVICE float gelu(float x) {
-  float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
-  return 0.5f * x * (1.0f + tanh_exp(u));
-}
-// d gelu(x)/dx * dy, from the forward input x.
-AMPDIST_HOST_DEVICE float gelu_backward(float x, float dy) {
+// The formulas take e = expf(2u) as an argument (the *_from_exp forms), so that a test can replay them with the exp
+// of another math library (CUDA's expf is within 2 ulp of the correctly rounded value, glibc's within 1: the GPU
+// tests' GELU bound, tests/gpu/gelu_bound.h, follows from that). For x in about [-4, -1.5], 1 + t cancels: there a
+// one-ulp change of e moves GELU by up to 1 / (2 e) ulps.
+AMPDIST_HOST_DEVICE float tanh_from_exp(float e) { return 1.0f - 2.0f / (e + 1.0f); }
+AMPDIST_HOST_DEVICE float tanh_exp(float u) { return tanh_from_exp(expf(2.0f * u)); }
+// u of the forward and of the backward (the two round x^3 differently; each is kept as it was).
+AMPDIST_HOST_DEVICE float gelu_arg(float x) { return kSqrt2OverPi * (x + kGeluCoeff * x * x * x); }
+AMPDIST_HOST_DEVICE float gelu_backward_arg(float x) {
   float x2 = x * x;
-  float u = kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
-  float t = tanh_exp(u);
+  return kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
+}
+AMPDIST_HOST_DEVICE float gelu_from_exp(float x, float e) { return 0.5f * x * (1.0f + tanh_from_exp(e)); }
+AMPDIST_HOST_DEVICE float gelu(float x) { return gelu_from_exp(x, expf(2.0f * gelu_arg(x))); }
+// d gelu(x)/dx * dy, from the forward input x, with e = expf(2 * gelu_backward_arg(x)).
+AMPDIST_HOST_DEVICE float gelu_backward_from_exp(float x, float dy, float e) {
+  float x2 = x * x;
+  float t = tanh_from_exp(e);
   float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
   return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
+AMPDIST_HOST_DEVICE float gelu_backward(float x, float dy) {
+  return gelu_backward_from_exp(x, dy, expf(2.0f * gelu_backward_arg(x)));
 }
 
 // Unscale one gradient element. The caller ORs !is_finite(result) into found_inf.

@@ -5,6 +5,12 @@
 
 #include <cstdio>
 
+#ifdef AMPDIST_GPU_TESTS
+#include "comm/bootstrap.h"
+#include "comm/nccl_communicator.h"
+#include "runtime/core/device.h"
+#endif
+
 namespace {
 // On ranks other than 0: one line per failed assertion, prefixed with the rank, so that a failure only one rank
 // sees is visible in the log.
@@ -34,6 +40,14 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(rank));
   }
+#ifdef AMPDIST_GPU_TESTS
+  // Bind this rank's GPU before any test touches a device: work on device 0 first would leave rank 1's stream,
+  // handles and memory there. Ranks beyond the GPU count share (tests needing a GPU per rank skip themselves).
+  if (ampdist::device::device_count() > 0) {
+    const ampdist::NodeRank node = ampdist::node_rank(MPI_COMM_WORLD);
+    ampdist::bind_device(node.local_rank, node.local_size, /*allow_sharing=*/true);
+  }
+#endif
   const int rc = RUN_ALL_TESTS();
   // A failure on any rank fails every rank's exit code, so mpirun reports it whichever rank it was.
   int all = rc;

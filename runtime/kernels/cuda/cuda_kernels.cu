@@ -42,14 +42,19 @@ __global__ void k_add_bias_cast(const float* c32, const B* bias, D* c, int64_t m
   }
 }
 
-// One thread per column, rows in order: the CPU backend's summation order exactly.
-template <typename T> __global__ void k_sum_rows(const T* x, int64_t rows, int64_t cols, float* out, float beta) {
-  GRID_STRIDE(j, cols) {
-    float acc = beta == 0.0f ? 0.0f : beta * out[j];
-    for (int64_t i = 0; i < rows; ++i) acc += ld<T>(x, i * cols + j);
-    out[j] = acc;
+// sum_rows as two fixed-order stages (detail::column_sums): out[j] = beta * out[j] + (the column's sum).
+template <typename T> struct SumRowsTerm {
+  const T* x;
+  int64_t cols;
+  __device__ void operator()(int64_t r, int64_t j, float* v) const { v[0] = ld<T>(x, r * cols + j); }
+};
+struct SumRowsFinish {
+  float* out;
+  float beta;
+  __device__ void operator()(int64_t j, const float* t) const {
+    out[j] = (beta == 0.0f ? 0.0f : beta * out[j]) + t[0];
   }
-}
+};
 
 // ---- activations ---------------------------------------------------------------------------------------------
 template <typename T> __global__ void k_relu(const T* x, T* y, int64_t n) {
@@ -137,14 +142,15 @@ __global__ void k_argmax_hits(const T* z, const int32_t* t, int64_t rows, int64_
 
 // ---- deterministic sums over flat FP32 buffers ----------------------------------------------------------------------
 // Pass 1: kReduceBlocks partial sums (fixed grid, grid-stride, fixed tree); pass 2: one block sums the partials.
+// One scratch of kReduceBlocks partial sums per device (the current one's; launches on a device's compute stream
+// never overlap).
 double* partials() {
-  static double* p = [] {
-    double* q = nullptr;
-    if (cudaMalloc(&q, kReduceBlocks * sizeof(double)) != cudaSuccess)
-      throw std::runtime_error("cudaMalloc of the reduction scratch failed");
-    return q;
-  }();
-  return p;
+  static double* table[64] = {};
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= 64) throw std::runtime_error("cudaGetDevice failed");
+  if (!table[d] && cudaMalloc(&table[d], kReduceBlocks * sizeof(double)) != cudaSuccess)
+    throw std::runtime_error("cudaMalloc of the reduction scratch failed");
+  return table[d];
 }
 
 enum class SumKind { kPlain, kSquares };
@@ -283,7 +289,7 @@ void sum_rows(const void* x, int xd, int64_t rows, int64_t cols, float* out, flo
   if (cols == 0) return;
   by_dtype(xd, [&](auto T) {
     using TT = decltype(T);
-    k_sum_rows<TT><<<blocks_for(cols), kThreads, 0, st(s)>>>(static_cast<const TT*>(x), rows, cols, out, beta);
+    column_sums<1>(rows, cols, SumRowsTerm<TT>{static_cast<const TT*>(x), cols}, SumRowsFinish{out, beta}, st(s));
   });
   check_launch("sum_rows");
 }

@@ -6,11 +6,22 @@
 // is kernels/math.h's (compiled with --fmad=false, so element-wise results equal the CPU backend's bit for bit).
 // Reductions (sum_rows, sum of squares, loss sums) use a fixed grid and a fixed tree order: the same inputs give the
 // same bits on every run and every rank, which the consensus and the clip factor rely on.
+
 #pragma once
 
 #include <cstdint>
 
 #include "runtime/kernels/step_math.h"
+
+// Row-major C[i] [m, n] (FP32, leading dimension ldc, stride sc between matrices) = alpha op(X[i]) op(Y[i]) for
+// `batch` matrices, with FP32 accumulation (CUBLAS_COMPUTE_32F: tensor cores for 16-bit inputs, FP32 FMA for FP32,
+// never TF32) on the current device's cuBLAS handle; x_dtype and y_dtype must be equal (DType codes). For the
+// attention GEMMs of kernels/cuda/cuda_transformer_ops.cc. Throws Error with the cuBLAS status.
+namespace ampdist::kernels::cuda {
+void batched_gemm(bool trans_x, bool trans_y, int64_t m, int64_t n, int64_t k, float alpha, const void* x, int x_dtype,
+                  int64_t ldx, int64_t sx, const void* y, int y_dtype, int64_t ldy, int64_t sy, float* c, int64_t ldc,
+                  int64_t sc, int64_t batch, const char* what);
+}
 
 namespace ampdist::cuda {
 
@@ -21,7 +32,8 @@ void cast(const void* src, int src_dtype, void* dst, int dst_dtype, int64_t n, S
 // c[M, N] (c_dtype) = c32[M, N] + bias[N] (bias may be null), rounded once.
 void add_bias_cast(const float* c32, const void* bias, int bias_dtype, void* c, int c_dtype, int64_t m, int64_t n,
                    Stream s);
-// out[j] = beta * out[j] + sum_i x[i, j], x [rows, cols] of x_dtype, FP32 accumulation in row order.
+// out[j] = beta * out[j] + sum_i x[i, j], x [rows, cols] of x_dtype, FP32 accumulation in two fixed-order stages
+// (chunks of 64 rows per column tile, then the chunks in order): deterministic, not the CPU's row order.
 void sum_rows(const void* x, int x_dtype, int64_t rows, int64_t cols, float* out, float beta, Stream s);
 
 // Element-wise activations, dtype of x/y/dy/dx the same.

@@ -50,14 +50,37 @@ template <typename F> void launch(F&& f) {
   }
 }
 
+void check_blas(cublasStatus_t s, const std::string& what);
+
+// One cuBLAS handle per device, bound to that device's compute stream, with
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION: without it cuBLAS may split K and reduce the partial sums in the
+// output type (fp16/bf16) for 16-bit outputs (cuBLAS documentation, cublasSetMathMode), which breaks the GEMM
+// contract of FP32 accumulation and one rounding. TF32 is chosen per call by the compute type, not by the handle.
+// The handle gets its own 32 MiB workspace (cuBLAS documentation recommends 32 MiB on Hopper; 4 MiB suffices
+// elsewhere), so that cuBLAS never allocates one behind the stream's back.
+struct Blas {
+  cublasHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+constexpr size_t kBlasWorkspace = size_t{32} << 20;
 cublasHandle_t blas() {
-  static cublasHandle_t h = [] {
+  Blas& b = device::per_current_device<Blas>();
+  if (!b.handle) {
     cublasHandle_t x = nullptr;
-    if (cublasCreate(&x) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed (is a GPU visible?)");
-    cublasSetStream(x, static_cast<cudaStream_t>(stream()));
-    return x;
-  }();
-  return h;
+    if (cublasCreate(&x) != CUBLAS_STATUS_SUCCESS)
+      throw Error("cublasCreate failed on CUDA device " + std::to_string(device::current_device()));
+    check_blas(cublasSetStream(x, static_cast<cudaStream_t>(stream())), "cublasSetStream");
+    check_blas(cublasSetMathMode(x, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+               "cublasSetMathMode");
+    if (cudaMalloc(&b.workspace, kBlasWorkspace) != cudaSuccess) {
+      cudaGetLastError();
+      throw Error("cudaMalloc of the cuBLAS workspace (32 MiB) failed");
+    }
+    check_blas(cublasSetWorkspace(x, b.workspace, kBlasWorkspace), "cublasSetWorkspace");
+    b.handle = x;
+  }
+  return b.handle;
 }
 
 void check_blas(cublasStatus_t s, const std::string& what) {
@@ -73,11 +96,15 @@ cudaDataType_t blas_type(DType t) {
   return CUDA_R_32F;
 }
 
-// Device scratch that grows to the largest request (one stream: uses never overlap).
+// Device scratch of the current device that grows to the largest request (one stream per device: uses never
+// overlap).
+struct Scratch {
+  Tensor t[4];
+};
 Tensor& scratch(int slot, const Shape& shape, DType dtype) {
-  static Tensor t[4];
-  t[slot].ensure(shape, dtype, Device::kCUDA);
-  return t[slot];
+  Tensor& t = device::per_current_device<Scratch>().t[slot];
+  t.ensure(shape, dtype, Device::kCUDA);
+  return t;
 }
 
 void check_ce(const char* op, const Tensor& logits, int64_t ntargets) {
@@ -110,6 +137,20 @@ double read_double(const double* dev) {
 }  // namespace
 
 namespace cuda {
+
+void batched_gemm(bool trans_x, bool trans_y, int64_t m, int64_t n, int64_t k, float alpha, const void* x, int xt,
+                  int64_t ldx, int64_t sx, const void* y, int yt, int64_t ldy, int64_t sy, float* c, int64_t ldc,
+                  int64_t sc, int64_t batch, const char* what) {
+  // As in gemm: row-major C = op(X) op(Y) is column-major C^T = op(Y)^T op(X)^T, so cuBLAS gets Y first.
+  const float beta = 0.0f;
+  check_blas(cublasGemmStridedBatchedEx(blas(), trans_y ? CUBLAS_OP_T : CUBLAS_OP_N, trans_x ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, y,
+                                        blas_type(static_cast<DType>(yt)), static_cast<int>(ldy), sy, x,
+                                        blas_type(static_cast<DType>(xt)), static_cast<int>(ldx), sx, &beta, c,
+                                        CUDA_R_32F, static_cast<int>(ldc), sc, static_cast<int>(batch),
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             std::string("cublasGemmStridedBatchedEx (") + what + ")");
+}
 
 void cast(const Tensor& src, Tensor& dst) {
   require_cuda("cast", src);

@@ -1,6 +1,7 @@
 // The CUDA backend of kernels/transformer.h over Tensors: the checks of the CPU side, inputs that live on the host
 // (token ids, key masks, window ids) copied to the device, and the launchers of cuda_transformer_ops.h. Without the
 // CUDA backend every entry point throws Error.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #ifdef AMPDIST_HAVE_CUDA
 #include <stdexcept>
 
+#include "runtime/kernels/cuda/cuda_ops.h"
 #include "runtime/kernels/cuda/cuda_transformer_ops.h"
 #endif
 
@@ -34,17 +36,44 @@ template <typename F> void launch(F&& f) {
 }
 
 // Host values copied into a device scratch slot (grown to the largest request; one stream, so uses never overlap).
+struct Buffers {
+  Tensor upload[6], scratch[8];
+};
 template <typename T> const T* upload(int slot, std::span<const T> v) {
-  static Tensor buf[3];
+  Tensor* buf = device::per_current_device<Buffers>().upload;
   const int64_t words = static_cast<int64_t>((v.size() * sizeof(T) + 3) / 4);
   buf[slot].ensure({std::max<int64_t>(words, 1)}, DType::kFloat32, Device::kCUDA);
   device::copy(buf[slot].data(), Device::kCUDA, v.data(), Device::kCPU, v.size() * sizeof(T));
   return static_cast<const T*>(buf[slot].data());
 }
-Tensor& scratch(int slot, const Shape& shape) {
-  static Tensor t[3];
-  t[slot].ensure(shape, DType::kFloat32, Device::kCUDA);
+Tensor& scratch(int slot, const Shape& shape, DType dtype = DType::kFloat32) {
+  Tensor* t = device::per_current_device<Buffers>().scratch;
+  t[slot].ensure(shape, dtype, Device::kCUDA);
   return t[slot];
+}
+
+// One operand of a batched GEMM: a base pointer and its dtype (offsets are in elements of that dtype).
+struct Operand {
+  const void* data;
+  DType dtype;
+  const void* at(int64_t elements) const {
+    return static_cast<const char*>(data) + elements * static_cast<int64_t>(dtype_size(dtype));
+  }
+};
+
+void batched_gemm(bool trans_x, bool trans_y, int64_t m, int64_t n, int64_t k, float alpha, const void* x, DType xt,
+                  int64_t ldx, int64_t sx, const void* y, DType yt, int64_t ldy, int64_t sy, float* c, int64_t ldc,
+                  int64_t sc, int64_t batch, const char* what) {
+  kernels::cuda::batched_gemm(trans_x, trans_y, m, n, k, alpha, x, code(xt), ldx, sx, y, code(yt), ldy, sy, c, ldc, sc,
+                              batch, what);
+}
+
+// t itself when it already has dtype d, else a copy converted into scratch `slot`.
+Operand as_dtype(const Tensor& t, DType d, int slot) {
+  if (t.dtype() == d) return {t.data(), d};
+  Tensor& c = scratch(slot, t.shape(), d);
+  kernels::cast(t, c);
+  return {c.data(), d};
 }
 
 }  // namespace
@@ -63,13 +92,31 @@ void embedding_forward(std::span<const int32_t> tokens, int64_t seq_len, const T
 void embedding_backward(std::span<const int32_t> tokens, int64_t seq_len, const Tensor& dout, Tensor& dwte,
                         bool overwrite_wte, Tensor& dwpe, bool overwrite_wpe) {
   checks::embedding_backward(tokens, seq_len, dout, dwte, dwpe, Device::kCUDA);
-  const int64_t n = static_cast<int64_t>(tokens.size()), c = dwte.dim(1);
+  const int64_t n = static_cast<int64_t>(tokens.size()), c = dwte.dim(1), vocab = dwte.dim(0);
   if (overwrite_wte) device::memset_zero(dwte.data(), dwte.nbytes());
   if (overwrite_wpe) device::memset_zero(dwpe.data(), dwpe.nbytes());
-  const int32_t* t = upload<int32_t>(0, tokens);
+  // The rows of each distinct token in increasing order (a counting sort on the host, where the tokens are), so
+  // the device adds them as the CPU does and no two threads write one element.
+  thread_local std::vector<int32_t> count, uniq, begin, rows;
+  count.assign(static_cast<size_t>(vocab) + 1, 0);
+  for (int32_t t : tokens) ++count[static_cast<size_t>(t) + 1];
+  uniq.clear();
+  begin.assign(1, 0);
+  for (int64_t v = 0; v < vocab; ++v) {
+    if (count[static_cast<size_t>(v) + 1] == 0) continue;
+    uniq.push_back(static_cast<int32_t>(v));
+    begin.push_back(begin.back() + count[static_cast<size_t>(v) + 1]);
+  }
+  for (int64_t v = 0; v < vocab; ++v) count[static_cast<size_t>(v) + 1] += count[static_cast<size_t>(v)];
+  rows.resize(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) rows[static_cast<size_t>(count[static_cast<size_t>(tokens[r])]++)] = static_cast<int32_t>(r);
+  const int32_t* u = upload<int32_t>(3, std::span<const int32_t>(uniq));
+  const int32_t* b = upload<int32_t>(4, std::span<const int32_t>(begin));
+  const int32_t* rw = upload<int32_t>(5, std::span<const int32_t>(rows));
   launch([&] {
-    ampdist::cuda::embedding_backward(t, n, seq_len, c, dout.data(), code(dout.dtype()),
-                                      static_cast<float*>(dwte.data()), static_cast<float*>(dwpe.data()), stream());
+    ampdist::cuda::embedding_backward(u, b, rw, static_cast<int64_t>(uniq.size()), n, seq_len, c, dout.data(),
+                                      code(dout.dtype()), static_cast<float*>(dwte.data()),
+                                      static_cast<float*>(dwpe.data()), stream());
   });
 }
 
@@ -99,16 +146,42 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
 }
 
 
+// Attention as cuBLAS strided-batched GEMMs (one call per window b, batched over the H heads, whose slices of the
+// [B*T, 3C] qkv rows are hs apart) around a warp-per-row softmax:
+//   scores = q k^T / sqrt(hs) (FP32 accumulation, into probs) -> softmax in place -> out = round(p) v.
+// The products follow the autocast table: q k^T from the working dtype's exact values, FP32 scores and softmax,
+// p @ v with p rounded to pv_dtype; the backward keeps ds in FP32 (as the CPU), so ds k and ds^T q are FP32 GEMMs.
 void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
                        DType pv_dtype, Tensor& probs, Tensor& out) {
   checks::attention_forward(qkv, s, key_mask, probs, out, Device::kCUDA);
   const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
+  if (B * H * T == 0) return;
   const uint8_t* mask = key_mask.empty() ? nullptr : upload<uint8_t>(1, key_mask);
   // The output is summed in FP32 and rounded once into out (in place when out is FP32).
   Tensor o32 = out.dtype() == DType::kFloat32 ? out : scratch(0, {B * T, C});
+  const DType qt = qkv.dtype();
+  // p @ v needs both operands in one dtype: the working dtype when p is rounded to it, else FP32 (p rounded to
+  // pv_dtype but stored as FP32, v converted exactly).
+  const DType op_t = pv_dtype == qt ? qt : DType::kFloat32;
+  float* pp = static_cast<float*>(probs.data());
+  const Operand q{qkv.data(), qt};
+  const int64_t ld3 = 3 * C, per_window = H * T * T;
   launch([&] {
-    ampdist::cuda::attention_forward(qkv.data(), code(qkv.dtype()), B, T, H, hs, mask, code(pv_dtype),
-                                     static_cast<float*>(probs.data()), static_cast<float*>(o32.data()), stream());
+    for (int64_t b = 0; b < B; ++b)
+      batched_gemm(false, true, T, T, hs, 1.0f / std::sqrt(static_cast<float>(hs)), q.at(b * T * ld3), qt, ld3, hs,
+                   q.at(b * T * ld3 + C), qt, ld3, hs, pp + b * per_window, T, T * T, H, "attention scores");
+    Operand pr{pp, DType::kFloat32};
+    void* pr_out = nullptr;
+    if (op_t != DType::kFloat32 || pv_dtype != DType::kFloat32) {
+      Tensor& prt = scratch(2, {B * per_window}, op_t);
+      pr_out = prt.data();
+      pr = {prt.data(), op_t};
+    }
+    ampdist::cuda::attention_softmax_forward(pp, B, T, H, mask, code(pv_dtype), pr_out, code(op_t), stream());
+    const Operand v = as_dtype(qkv, op_t, 3);
+    for (int64_t b = 0; b < B; ++b)
+      batched_gemm(false, false, T, hs, T, 1.0f, pr.at(b * per_window), op_t, T, T * T, v.at(b * T * ld3 + 2 * C),
+                   op_t, ld3, hs, static_cast<float*>(o32.data()) + b * T * C, C, hs, H, "attention p @ v");
   });
   if (out.dtype() != DType::kFloat32) kernels::cast(o32, out);
 }
@@ -118,12 +191,46 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
   checks::attention_backward(qkv, probs, s, dout, dqkv, Device::kCUDA);
   const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
   Tensor d32 = dqkv.dtype() == DType::kFloat32 ? dqkv : scratch(1, {B * T, 3 * C});
-  Tensor& dot = scratch(2, {B * H * T});
-  device::memset_zero(d32.data(), d32.nbytes());
+  if (B * H * T == 0) {
+    device::memset_zero(d32.data(), d32.nbytes());
+    if (dqkv.dtype() != DType::kFloat32) kernels::cast(d32, dqkv);
+    return;
+  }
+  const int64_t ld3 = 3 * C, per_window = H * T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const float* pp = static_cast<const float*>(probs.data());
+  Tensor& dp = scratch(4, {B * per_window});
+  float* d = static_cast<float*>(d32.data());
   launch([&] {
-    ampdist::cuda::attention_backward(qkv.data(), code(qkv.dtype()), static_cast<const float*>(probs.data()),
-                                      dout.data(), code(dout.dtype()), B, T, H, hs, code(pv_dtype),
-                                      static_cast<float*>(dot.data()), static_cast<float*>(d32.data()), stream());
+    // dv = round(p)^T g: 16-bit operands when p's rounding and g share a dtype (exact inputs), else FP32.
+    const DType gt = dout.dtype();
+    const DType dv_t = pv_dtype == gt ? gt : DType::kFloat32;
+    Operand pr{pp, DType::kFloat32};
+    if (dv_t != DType::kFloat32 || pv_dtype != DType::kFloat32) {
+      Tensor& prt = scratch(2, {B * per_window}, dv_t);
+      ampdist::cuda::round_probs(pp, B * per_window, code(pv_dtype), prt.data(), code(dv_t), stream());
+      pr = {prt.data(), dv_t};
+    }
+    const Operand g_dv = as_dtype(dout, dv_t, 5);
+    for (int64_t b = 0; b < B; ++b)
+      batched_gemm(true, false, T, hs, T, 1.0f, pr.at(b * per_window), dv_t, T, T * T, g_dv.at(b * T * C), dv_t, C,
+                   hs, d + b * T * ld3 + 2 * C, ld3, hs, H, "attention dv");
+    // dp = g v^T, from exact inputs in one dtype.
+    const DType dp_t = gt == qkv.dtype() ? gt : DType::kFloat32;
+    const Operand g_dp = as_dtype(dout, dp_t, 5), v = as_dtype(qkv, dp_t, 3);
+    for (int64_t b = 0; b < B; ++b)
+      batched_gemm(false, true, T, T, hs, 1.0f, g_dp.at(b * T * C), dp_t, C, hs, v.at(b * T * ld3 + 2 * C), dp_t,
+                   ld3, hs, static_cast<float*>(dp.data()) + b * per_window, T, T * T, H, "attention dp");
+    ampdist::cuda::attention_softmax_backward(pp, static_cast<float*>(dp.data()), B * H * T, T, scale, stream());
+    // dq = ds k, dk = ds^T q in FP32 (ds is FP32, as on the CPU).
+    const Operand q32 = as_dtype(qkv, DType::kFloat32, 6);
+    const Operand ds{dp.data(), DType::kFloat32};
+    for (int64_t b = 0; b < B; ++b) {
+      batched_gemm(false, false, T, hs, T, 1.0f, ds.at(b * per_window), DType::kFloat32, T, T * T,
+                   q32.at(b * T * ld3 + C), DType::kFloat32, ld3, hs, d + b * T * ld3, ld3, hs, H, "attention dq");
+      batched_gemm(true, false, T, hs, T, 1.0f, ds.at(b * per_window), DType::kFloat32, T, T * T,
+                   q32.at(b * T * ld3), DType::kFloat32, ld3, hs, d + b * T * ld3 + C, ld3, hs, H, "attention dk");
+    }
   });
   if (dqkv.dtype() != DType::kFloat32) kernels::cast(d32, dqkv);
 }

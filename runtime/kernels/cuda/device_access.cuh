@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -50,6 +51,99 @@ template <typename F> void by_dtype(int d, F&& f) {
     case 2: f(__nv_bfloat16{}); return;
     default: f(float{}); return;
   }
+}
+
+// ---- column sums in two fixed-order stages -----------------------------------------------------------------------
+// out[j] = sum over rows r of term(r, j), for K sums at once: stage 1 gives each chunk of kColChunk rows of a
+// kColTile-column tile to one block (kColLanes row lanes per column, each summing its rows in order, then lane 0
+// adding the lanes in order), writing part[k][chunk][j]; stage 2 adds the chunks of each column in order. Chunk,
+// tile and lane counts are fixed, so the summation order, and the bits, depend on the shape alone, not on the GPU.
+constexpr int kColTile = 32, kColLanes = 8, kColChunk = 64;
+
+__host__ __device__ inline int64_t col_chunks(int64_t rows) { return (rows + kColChunk - 1) / kColChunk; }
+
+// Device scratch of at least `floats` floats on the current device, grown in stream order (never shrinks).
+inline float* col_scratch(size_t floats, cudaStream_t s) {
+  static float* buf[64] = {};
+  static size_t cap[64] = {};
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= 64) throw std::runtime_error("cudaGetDevice failed");
+  if (cap[d] < floats) {
+    if (buf[d]) cudaFreeAsync(buf[d], s);
+    buf[d] = nullptr;
+    if (cudaMallocAsync(reinterpret_cast<void**>(&buf[d]), floats * sizeof(float), s) != cudaSuccess)
+      throw std::runtime_error("cudaMallocAsync of the column-sum scratch failed");
+    cap[d] = floats;
+  }
+  return buf[d];
+}
+
+template <int K, typename Term>
+__global__ void k_col_partials(int64_t rows, int64_t cols, Term term, float* part) {
+  __shared__ float sh[K][kColLanes][kColTile];
+  const int64_t nchunks = col_chunks(rows);
+  const int64_t j = blockIdx.x * static_cast<int64_t>(kColTile) + threadIdx.x;
+  for (int64_t chunk = blockIdx.y; chunk < nchunks; chunk += gridDim.y) {
+    float acc[K];
+    for (int k = 0; k < K; ++k) acc[k] = 0.0f;
+    const int64_t r1 = min(rows, (chunk + 1) * kColChunk);
+    if (j < cols) {
+      for (int64_t r = chunk * kColChunk + threadIdx.y; r < r1; r += kColLanes) {
+        float v[K];
+        term(r, j, v);
+        for (int k = 0; k < K; ++k) acc[k] += v[k];
+      }
+    }
+    for (int k = 0; k < K; ++k) sh[k][threadIdx.y][threadIdx.x] = acc[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols) {
+      for (int k = 0; k < K; ++k) {
+        float t = sh[k][0][threadIdx.x];
+        for (int l = 1; l < kColLanes; ++l) t += sh[k][l][threadIdx.x];
+        part[(k * nchunks + chunk) * cols + j] = t;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <int K, typename Finish>
+__global__ void k_col_finish(int64_t rows, int64_t cols, const float* part, Finish finish) {
+  const int64_t nchunks = col_chunks(rows);
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < cols;
+       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    float t[K];
+    for (int k = 0; k < K; ++k) {
+      t[k] = 0.0f;
+      for (int64_t c = 0; c < nchunks; ++c) t[k] += part[(k * nchunks + c) * cols + j];
+    }
+    finish(j, t);
+  }
+}
+
+// Runs both stages on stream s (rows may be 0: every column then gets finish(j, {0...})).
+template <int K, typename Term, typename Finish>
+void column_sums(int64_t rows, int64_t cols, Term term, Finish finish, cudaStream_t s) {
+  if (cols == 0) return;
+  const int64_t nchunks = col_chunks(rows);
+  float* part = col_scratch(static_cast<size_t>(K * std::max<int64_t>(nchunks, 1) * cols), s);
+  if (nchunks > 0) {
+    const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile),
+                    static_cast<unsigned>(nchunks < 65535 ? nchunks : 65535));
+    k_col_partials<K><<<grid, dim3(kColTile, kColLanes), 0, s>>>(rows, cols, term, part);
+  }
+  k_col_finish<K><<<blocks_for(cols, 256), 256, 0, s>>>(rows, cols, part, finish);
+}
+
+// ---- warp helpers ----------------------------------------------------------------------------------------------------
+// Butterfly sum over the 32 lanes: every lane ends with the same bits (a + b == b + a at each level).
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
 }  // namespace ampdist::cuda::detail

@@ -1,8 +1,9 @@
 // CUDA kernels of the transformer ops (kernels/transformer.h), launched from cuda_transformer_ops.cc.
 //
-// Correctness first: every kernel keeps the CPU backend's summation order (one thread owns each output and sums in
-// the CPU loop's order), so with kernels/math.h's formulas and nvcc --fmad=false the results equal the CPU's bit for
-// bit except where expf is involved (softmax), where CUDA's expf may differ from glibc's by 2 ulp.
+// Per-element arithmetic is kernels/math.h's (nvcc --fmad=false). Embedding (forward and backward), dropout and the
+// residual add keep the CPU loops' order and equal the CPU's results bit for bit; LayerNorm's row statistics are warp
+// sums, its parameter gradients two-stage column sums, and attention's products cuBLAS GEMMs around a warp-per-row
+// softmax: deterministic (fixed order for a shape), within the bounds tests/gpu derives of the CPU's results.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,7 +23,7 @@ namespace {
 
 using namespace detail;
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 cudaStream_t st(Stream s) { return stream_of(s); }
 int blocks_for(int64_t n) { return detail::blocks_for(n, kThreads); }
 #define GRID_STRIDE(i, n) AMPDIST_GRID_STRIDE(i, n)
@@ -42,183 +43,152 @@ __global__ void k_embed_fwd(const int32_t* tok, int64_t n, int64_t T, int64_t C,
     out[i] = wte[static_cast<int64_t>(tok[r]) * C + j] + wpe[(r % T) * C + j];
   }
 }
-// One thread per column: rows in order, as the CPU loop (no two threads touch one element).
+// dwte: one block per (distinct token, 256 columns); the token's rows (host-sorted, in increasing order) are added
+// to the old value in that order, exactly the CPU loop's additions: deterministic and bitwise equal to the CPU.
 template <typename G>
-__global__ void k_embed_bwd(const int32_t* tok, int64_t n, int64_t T, int64_t C, const G* g, float* dte, float* dpe) {
-  GRID_STRIDE(j, C) {
-    for (int64_t r = 0; r < n; ++r) {
-      const float v = ld<G>(g, r * C + j);
-      dte[static_cast<int64_t>(tok[r]) * C + j] += v;
-      dpe[(r % T) * C + j] += v;
-    }
+__global__ void k_embed_bwd_te(const int32_t* uniq, const int32_t* begin, const int32_t* rows, int64_t C, const G* g,
+                               float* dte) {
+  const int64_t u = blockIdx.x;
+  const int64_t j = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= C) return;
+  float* d = dte + static_cast<int64_t>(uniq[u]) * C + j;
+  float acc = *d;
+  for (int32_t q = begin[u]; q < begin[u + 1]; ++q) acc += ld<G>(g, static_cast<int64_t>(rows[q]) * C + j);
+  *d = acc;
+}
+// dwpe: one thread per (position, column); rows p, p + T, ... in order, as the CPU.
+template <typename G>
+__global__ void k_embed_bwd_pe(int64_t n, int64_t T, int64_t C, const G* g, float* dpe) {
+  GRID_STRIDE(i, T * C) {
+    const int64_t p = i / C, j = i % C;
+    float acc = dpe[i];
+    for (int64_t r = p; r < n; r += T) acc += ld<G>(g, r * C + j);
+    dpe[i] = acc;
   }
 }
 
-// ---- LayerNorm (one thread per row; the CPU's loops) -----------------------------------------------------------------
+// ---- LayerNorm: one warp per row (row statistics by warp_sum; deterministic, not the CPU's serial order) ------------
 template <typename X, typename Y>
 __global__ void k_ln_fwd(const X* x, int64_t n, int64_t c, const float* gamma, const float* beta, float eps, Y* y,
                          float* mean, float* rstd) {
+  const int lane = threadIdx.x & 31;
+  const int64_t per_block = blockDim.x / 32, warps = per_block * gridDim.x;
   const float inv_c = 1.0f / static_cast<float>(c);
-  GRID_STRIDE(r, n) {
+  for (int64_t r = blockIdx.x * per_block + threadIdx.x / 32; r < n; r += warps) {
     const X* xr = x + r * c;
     float s = 0.0f;
-    for (int64_t j = 0; j < c; ++j) s += ld<X>(xr, j);
-    const float m = s * inv_c;
-    float v = 0.0f;
-    for (int64_t j = 0; j < c; ++j) {
+    for (int64_t j = lane; j < c; j += 32) s += ld<X>(xr, j);
+    const float m = warp_sum(s) * inv_c;
+    float v = 0.0f;  // two passes: no cancellation from E[x^2] - E[x]^2
+    for (int64_t j = lane; j < c; j += 32) {
       const float d = ld<X>(xr, j) - m;
       v += d * d;
     }
-    const float rs = math::layernorm_rstd(v * inv_c, eps);
-    mean[r] = m;
-    rstd[r] = rs;
-    for (int64_t j = 0; j < c; ++j) stf<Y>(y, r * c + j, math::layernorm(ld<X>(xr, j), m, rs, gamma[j], beta[j]));
+    const float rs = math::layernorm_rstd(warp_sum(v) * inv_c, eps);
+    if (lane == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+    for (int64_t j = lane; j < c; j += 32) stf<Y>(y, r * c + j, math::layernorm(ld<X>(xr, j), m, rs, gamma[j], beta[j]));
   }
 }
 template <typename X, typename G>
 __global__ void k_ln_bwd_dx(const X* x, const G* dy, int64_t n, int64_t c, const float* gamma, const float* mean,
                             const float* rstd, float* dx, bool accumulate) {
+  const int lane = threadIdx.x & 31;
+  const int64_t per_block = blockDim.x / 32, warps = per_block * gridDim.x;
   const float inv_c = 1.0f / static_cast<float>(c);
-  GRID_STRIDE(r, n) {
+  for (int64_t r = blockIdx.x * per_block + threadIdx.x / 32; r < n; r += warps) {
     const float m = mean[r], rs = rstd[r];
     float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int64_t j = 0; j < c; ++j) {
+    for (int64_t j = lane; j < c; j += 32) {
       const float xhat = (ld<X>(x, r * c + j) - m) * rs;
       const float g = ld<G>(dy, r * c + j) * gamma[j];
       sum_g += g;
       sum_gx += g * xhat;
     }
-    const float mean_g = sum_g * inv_c, mean_gx = sum_gx * inv_c;
-    for (int64_t j = 0; j < c; ++j) {
+    const float mean_g = warp_sum(sum_g) * inv_c, mean_gx = warp_sum(sum_gx) * inv_c;
+    for (int64_t j = lane; j < c; j += 32) {
       const float xhat = (ld<X>(x, r * c + j) - m) * rs;
       const float d = math::layernorm_backward(ld<G>(dy, r * c + j) * gamma[j], xhat, mean_g, mean_gx, rs);
       dx[r * c + j] = accumulate ? dx[r * c + j] + d : d;
     }
   }
 }
-template <typename X, typename G>
-__global__ void k_ln_bwd_params(const X* x, const G* dy, int64_t n, int64_t c, const float* mean, const float* rstd,
-                                float* dgamma, float* dbeta, bool accumulate) {
-  GRID_STRIDE(j, c) {
-    float dg = accumulate ? dgamma[j] : 0.0f, db = accumulate ? dbeta[j] : 0.0f;
-    for (int64_t r = 0; r < n; ++r) {
-      const float xhat = (ld<X>(x, r * c + j) - mean[r]) * rstd[r];
-      const float g = ld<G>(dy, r * c + j);
-      dg += g * xhat;
-      db += g;
-    }
-    dgamma[j] = dg;
-    dbeta[j] = db;
+// dgamma, dbeta: column sums of dy * xhat and dy (detail::column_sums, two fixed-order stages).
+template <typename X, typename G> struct LnParamTerm {
+  const X* x;
+  const G* dy;
+  const float *mean, *rstd;
+  int64_t c;
+  __device__ void operator()(int64_t r, int64_t j, float* v) const {
+    const float xhat = (ld<X>(x, r * c + j) - mean[r]) * rstd[r];
+    const float g = ld<G>(dy, r * c + j);
+    v[0] = g * xhat;
+    v[1] = g;
   }
-}
+};
+struct LnParamFinish {
+  float *dgamma, *dbeta;
+  bool accumulate;
+  __device__ void operator()(int64_t j, const float* t) const {
+    dgamma[j] = (accumulate ? dgamma[j] : 0.0f) + t[0];
+    dbeta[j] = (accumulate ? dbeta[j] : 0.0f) + t[1];
+  }
+};
 
-// ---- attention ---------------------------------------------------------------------------------------------------
-// One thread per (b, h, i): scores into the probs row (FP32), softmax, then out accumulated in the FP32 scratch o.
-template <typename Q>
-__global__ void k_attn_fwd(const Q* qkv, int64_t B, int64_t T, int64_t H, int64_t hs, const uint8_t* mask,
-                           int pv_dtype, float* probs, float* o) {
-  const int64_t C = H * hs, ld3 = 3 * C;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  GRID_STRIDE(idx, B * H * T) {
-    const int64_t i = idx % T, h = (idx / T) % H, b = idx / (T * H);
+// ---- attention: the softmax between the cuBLAS GEMMs (cuda_transformer_ops.cc), one warp per row -----------------
+// Row (b, h, i) of p holds the scaled scores q_i . k_j / sqrt(hs) for every key j; keys j > i and masked keys get
+// probability 0 (a row with none allowed is all 0). p becomes the FP32 probabilities; pr (optional) receives them
+// rounded to pv_dtype, stored as PR (the operand of p @ v).
+template <typename PR>
+__global__ void k_attn_softmax_fwd(float* p, int64_t rows, int64_t T, int64_t H, const uint8_t* mask, int pv_dtype,
+                                   PR* pr) {
+  const int lane = threadIdx.x & 31;
+  const int64_t per_block = blockDim.x / 32, warps = per_block * gridDim.x;
+  for (int64_t row = blockIdx.x * per_block + threadIdx.x / 32; row < rows; row += warps) {
+    const int64_t i = row % T, b = row / (T * H);
     const uint8_t* mk = mask ? mask + b * T : nullptr;
-    float* p = probs + ((b * H + h) * T + i) * T;
-    const int64_t qrow = (b * T + i) * ld3 + h * hs;
-    for (int64_t j = 0; j <= i; ++j) p[j] = 0.0f;
-    for (int64_t e = 0; e < hs; ++e) {
-      const float qe = ld<Q>(qkv, qrow + e);
-      for (int64_t j = 0; j <= i; ++j) p[j] += qe * ld<Q>(qkv, (b * T + j) * ld3 + C + h * hs + e);
-    }
+    float* pi = p + row * T;
     float mx = -INFINITY;
-    for (int64_t j = 0; j <= i; ++j) {
-      p[j] *= scale;
-      if (!mk || mk[j]) mx = fmaxf(mx, p[j]);
-    }
+    for (int64_t j = lane; j <= i; j += 32)
+      if (!mk || mk[j]) mx = fmaxf(mx, pi[j]);
+    mx = warp_max(mx);
     float sum = 0.0f;
-    for (int64_t j = 0; j < T; ++j) {
+    for (int64_t j = lane; j < T; j += 32) {
       const bool allowed = j <= i && (!mk || mk[j]);
-      p[j] = allowed ? math::softmax_exp(p[j], mx) : 0.0f;
-      sum += p[j];
+      const float e = allowed ? math::softmax_exp(pi[j], mx) : 0.0f;
+      pi[j] = e;
+      sum += e;
     }
-    const float inv = math::softmax_inv_sum(sum);
-    for (int64_t j = 0; j < T; ++j) p[j] *= inv;
-    float* oi = o + (b * T + i) * C + h * hs;
-    for (int64_t e = 0; e < hs; ++e) oi[e] = 0.0f;
-    for (int64_t j = 0; j <= i; ++j) {
-      const float pj = round_to(p[j], pv_dtype);
-      const int64_t vrow = (b * T + j) * ld3 + 2 * C + h * hs;
-      for (int64_t e = 0; e < hs; ++e) oi[e] += pj * ld<Q>(qkv, vrow + e);
+    const float inv = math::softmax_inv_sum(warp_sum(sum));
+    for (int64_t j = lane; j < T; j += 32) {
+      const float v = pi[j] * inv;
+      pi[j] = v;
+      if (pr) stf<PR>(pr, row * T + j, round_to(v, pv_dtype));
     }
   }
 }
-
-// dot[b, h, i] = sum_{j <= i} p[i, j] (g_i . v_j), the softmax backward's row term.
-template <typename Q, typename G>
-__global__ void k_attn_bwd_dot(const Q* qkv, const float* probs, const G* g, int64_t B, int64_t T, int64_t H,
-                               int64_t hs, float* dot) {
-  const int64_t C = H * hs, ld3 = 3 * C;
-  GRID_STRIDE(idx, B * H * T) {
-    const int64_t i = idx % T, h = (idx / T) % H, b = idx / (T * H);
-    const float* p = probs + ((b * H + h) * T + i) * T;
-    float d = 0.0f;
-    for (int64_t j = 0; j <= i; ++j) {
-      float a = 0.0f;
-      for (int64_t e = 0; e < hs; ++e)
-        a += ld<G>(g, (b * T + i) * C + h * hs + e) * ld<Q>(qkv, (b * T + j) * ld3 + 2 * C + h * hs + e);
-      d += p[j] * a;
-    }
-    dot[idx] = d;
+// ds = p * (dp - sum_j p_j dp_j) * scale in place of dp (FP32), one warp per row.
+__global__ void k_attn_softmax_bwd(const float* p, float* dp, int64_t rows, int64_t T, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t per_block = blockDim.x / 32, warps = per_block * gridDim.x;
+  for (int64_t row = blockIdx.x * per_block + threadIdx.x / 32; row < rows; row += warps) {
+    const float* pi = p + row * T;
+    float* di = dp + row * T;
+    float dot = 0.0f;
+    for (int64_t j = lane; j < T; j += 32) dot += pi[j] * di[j];
+    dot = warp_sum(dot);
+    for (int64_t j = lane; j < T; j += 32) di[j] = math::softmax_backward(pi[j], di[j], dot) * scale;
   }
 }
-
-// ds[i, j] = softmax_backward(p, g_i . v_j, dot_i) * scale, recomputed where needed.
-template <typename Q, typename G>
-__device__ float attn_ds(const Q* qkv, const float* probs, const G* g, const float* dot, int64_t b, int64_t h,
-                         int64_t i, int64_t j, int64_t T, int64_t H, int64_t hs, float scale) {
-  const int64_t C = H * hs, ld3 = 3 * C;
-  float a = 0.0f;
-  for (int64_t e = 0; e < hs; ++e)
-    a += ld<G>(g, (b * T + i) * C + h * hs + e) * ld<Q>(qkv, (b * T + j) * ld3 + 2 * C + h * hs + e);
-  const float p = probs[((b * H + h) * T + i) * T + j];
-  return math::softmax_backward(p, a, dot[(b * H + h) * T + i]) * scale;
+// dst = src rounded to pv_dtype, stored as D.
+template <typename D> __global__ void k_round_probs(const float* src, int64_t n, int pv_dtype, D* dst) {
+  GRID_STRIDE(i, n) stf<D>(dst, i, round_to(src[i], pv_dtype));
 }
 
-// dq_i: one thread per (b, h, i), keys in order.
-template <typename Q, typename G>
-__global__ void k_attn_bwd_dq(const Q* qkv, const float* probs, const G* g, const float* dot, int64_t B, int64_t T,
-                              int64_t H, int64_t hs, float* d) {
-  const int64_t C = H * hs, ld3 = 3 * C;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  GRID_STRIDE(idx, B * H * T) {
-    const int64_t i = idx % T, h = (idx / T) % H, b = idx / (T * H);
-    float* dqi = d + (b * T + i) * ld3 + h * hs;
-    for (int64_t j = 0; j <= i; ++j) {
-      const float ds = attn_ds(qkv, probs, g, dot, b, h, i, j, T, H, hs, scale);
-      if (ds == 0.0f) continue;
-      for (int64_t e = 0; e < hs; ++e) dqi[e] += ds * ld<Q>(qkv, (b * T + j) * ld3 + C + h * hs + e);
-    }
-  }
-}
-
-// dk_j and dv_j: one thread per (b, h, j), queries in order (the CPU's outer loop).
-template <typename Q, typename G>
-__global__ void k_attn_bwd_dkv(const Q* qkv, const float* probs, const G* g, const float* dot, int64_t B, int64_t T,
-                               int64_t H, int64_t hs, int pv_dtype, float* d) {
-  const int64_t C = H * hs, ld3 = 3 * C;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  GRID_STRIDE(idx, B * H * T) {
-    const int64_t j = idx % T, h = (idx / T) % H, b = idx / (T * H);
-    float* dkj = d + (b * T + j) * ld3 + C + h * hs;
-    float* dvj = d + (b * T + j) * ld3 + 2 * C + h * hs;
-    for (int64_t i = j; i < T; ++i) {
-      const float pr = round_to(probs[((b * H + h) * T + i) * T + j], pv_dtype);
-      for (int64_t e = 0; e < hs; ++e) dvj[e] += pr * ld<G>(g, (b * T + i) * C + h * hs + e);
-      const float ds = attn_ds(qkv, probs, g, dot, b, h, i, j, T, H, hs, scale);
-      if (ds == 0.0f) continue;
-      for (int64_t e = 0; e < hs; ++e) dkj[e] += ds * ld<Q>(qkv, (b * T + i) * ld3 + h * hs + e);
-    }
-  }
-}
+// Blocks of kThreads for one warp per row.
+int warp_blocks(int64_t rows) { return detail::blocks_for(rows * 32, kThreads); }
 
 // ---- dropout, residual ---------------------------------------------------------------------------------------------
 template <typename T>
@@ -244,13 +214,17 @@ void embedding_forward(const int32_t* tokens, int64_t n, int64_t seq_len, int64_
   check_launch("embedding_forward");
 }
 
-void embedding_backward(const int32_t* tokens, int64_t n, int64_t seq_len, int64_t c, const void* dout, int dd,
-                        float* dwte, float* dwpe, Stream s) {
+void embedding_backward(const int32_t* uniq, const int32_t* begin, const int32_t* rows, int64_t distinct, int64_t n,
+                        int64_t seq_len, int64_t c, const void* dout, int dd, float* dwte, float* dwpe, Stream s) {
   if (n * c == 0) return;
   by_dtype(dd, [&](auto G) {
     using TG = decltype(G);
-    k_embed_bwd<TG><<<blocks_for(c), kThreads, 0, st(s)>>>(tokens, n, seq_len, c, static_cast<const TG*>(dout), dwte,
-                                                           dwpe);
+    const TG* g = static_cast<const TG*>(dout);
+    if (distinct > 0) {
+      const dim3 grid(static_cast<unsigned>(distinct), static_cast<unsigned>((c + 255) / 256));
+      k_embed_bwd_te<TG><<<grid, 256, 0, st(s)>>>(uniq, begin, rows, c, g, dwte);
+    }
+    k_embed_bwd_pe<TG><<<blocks_for(seq_len * c), kThreads, 0, st(s)>>>(n, seq_len, c, g, dwpe);
   });
   check_launch("embedding_backward");
 }
@@ -262,8 +236,8 @@ void layernorm_forward(const void* x, int xd, int64_t n, int64_t c, const float*
     by_dtype(yd, [&](auto Y) {
       using TX = decltype(X);
       using TY = decltype(Y);
-      k_ln_fwd<TX, TY><<<blocks_for(n), kThreads, 0, st(s)>>>(static_cast<const TX*>(x), n, c, gamma, beta, eps,
-                                                               static_cast<TY*>(y), mean, rstd);
+      k_ln_fwd<TX, TY><<<warp_blocks(n), kThreads, 0, st(s)>>>(static_cast<const TX*>(x), n, c, gamma, beta, eps,
+                                                                static_cast<TY*>(y), mean, rstd);
     });
   });
   check_launch("layernorm_forward");
@@ -272,47 +246,46 @@ void layernorm_forward(const void* x, int xd, int64_t n, int64_t c, const float*
 void layernorm_backward(const void* x, int xd, const void* dy, int gd, int64_t n, int64_t c, const float* gamma,
                         const float* mean, const float* rstd, float* dx, bool accumulate_dx, float* dgamma,
                         float* dbeta, bool accumulate_params, Stream s) {
-  if (n == 0) return;
   by_dtype(xd, [&](auto X) {
     by_dtype(gd, [&](auto G) {
       using TX = decltype(X);
       using TG = decltype(G);
-      k_ln_bwd_dx<TX, TG><<<blocks_for(n), kThreads, 0, st(s)>>>(static_cast<const TX*>(x), static_cast<const TG*>(dy),
-                                                                  n, c, gamma, mean, rstd, dx, accumulate_dx);
-      k_ln_bwd_params<TX, TG><<<blocks_for(c), kThreads, 0, st(s)>>>(
-          static_cast<const TX*>(x), static_cast<const TG*>(dy), n, c, mean, rstd, dgamma, dbeta, accumulate_params);
+      const TX* xp = static_cast<const TX*>(x);
+      const TG* g = static_cast<const TG*>(dy);
+      if (n > 0)
+        k_ln_bwd_dx<TX, TG><<<warp_blocks(n), kThreads, 0, st(s)>>>(xp, g, n, c, gamma, mean, rstd, dx, accumulate_dx);
+      column_sums<2>(n, c, LnParamTerm<TX, TG>{xp, g, mean, rstd, c}, LnParamFinish{dgamma, dbeta, accumulate_params},
+                     st(s));
     });
   });
   check_launch("layernorm_backward");
 }
 
-void attention_forward(const void* qkv, int qd, int64_t B, int64_t T, int64_t H, int64_t hs, const uint8_t* mask,
-                       int pv_dtype, float* probs, float* o32, Stream s) {
-  if (B * H * T == 0) return;
-  by_dtype(qd, [&](auto Q) {
-    using TQ = decltype(Q);
-    k_attn_fwd<TQ><<<blocks_for(B * H * T), kThreads, 0, st(s)>>>(static_cast<const TQ*>(qkv), B, T, H, hs, mask,
-                                                                   pv_dtype, probs, o32);
+void attention_softmax_forward(float* probs, int64_t B, int64_t T, int64_t H, const uint8_t* key_mask, int pv_dtype,
+                               void* pr, int pr_dtype, Stream s) {
+  const int64_t rows = B * H * T;
+  if (rows == 0) return;
+  by_dtype(pr_dtype, [&](auto P) {
+    using TP = decltype(P);
+    k_attn_softmax_fwd<TP><<<warp_blocks(rows), kThreads, 0, st(s)>>>(probs, rows, T, H, key_mask, pv_dtype,
+                                                                       static_cast<TP*>(pr));
   });
-  check_launch("attention_forward");
+  check_launch("attention softmax");
 }
 
-void attention_backward(const void* qkv, int qd, const float* probs, const void* dout, int gd, int64_t B, int64_t T,
-                        int64_t H, int64_t hs, int pv_dtype, float* dot, float* d32, Stream s) {
-  if (B * H * T == 0) return;
-  const int grid = blocks_for(B * H * T);
-  by_dtype(qd, [&](auto Q) {
-    by_dtype(gd, [&](auto G) {
-      using TQ = decltype(Q);
-      using TG = decltype(G);
-      const TQ* q = static_cast<const TQ*>(qkv);
-      const TG* g = static_cast<const TG*>(dout);
-      k_attn_bwd_dot<TQ, TG><<<grid, kThreads, 0, st(s)>>>(q, probs, g, B, T, H, hs, dot);
-      k_attn_bwd_dq<TQ, TG><<<grid, kThreads, 0, st(s)>>>(q, probs, g, dot, B, T, H, hs, d32);
-      k_attn_bwd_dkv<TQ, TG><<<grid, kThreads, 0, st(s)>>>(q, probs, g, dot, B, T, H, hs, pv_dtype, d32);
-    });
+void attention_softmax_backward(const float* probs, float* dp, int64_t rows, int64_t T, float scale, Stream s) {
+  if (rows == 0) return;
+  k_attn_softmax_bwd<<<warp_blocks(rows), kThreads, 0, st(s)>>>(probs, dp, rows, T, scale);
+  check_launch("attention softmax backward");
+}
+
+void round_probs(const float* src, int64_t n, int pv_dtype, void* dst, int dst_dtype, Stream s) {
+  if (n == 0) return;
+  by_dtype(dst_dtype, [&](auto D) {
+    using TD = decltype(D);
+    k_round_probs<TD><<<blocks_for(n), kThreads, 0, st(s)>>>(src, n, pv_dtype, static_cast<TD*>(dst));
   });
-  check_launch("attention_backward");
+  check_launch("round_probs");
 }
 
 void dropout_inplace(void* x, int xd, int64_t n, int64_t c, int64_t seq_len, float p, uint64_t seed, uint32_t step,
