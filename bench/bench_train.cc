@@ -17,7 +17,6 @@
 //   - the sgemm rate of this machine at the same thread count (cblas_sgemm, square, --sgemm-n), and the model's
 //     GEMM FLOPs per sample, for the GEMM-bound limit of samples/s.
 // Rank 0 prints one JSON object (and writes it to --json). Exit 2 on bad input, 1 on a runtime failure.
-#include <cblas.h>
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +32,7 @@
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
 #include "runtime/core/error.h"
+#include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/train/config.h"
 #include "runtime/train/trainer.h"
@@ -77,19 +77,38 @@ double mlp_gemm_flops_per_sample(const std::vector<int64_t>& widths) {
   return f;
 }
 
-// Median sgemm rate (FLOP/s) of an n x n x n cblas_sgemm at the current OpenBLAS thread count.
-double measure_sgemm(int n, int reps) {
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+// Median rate (FLOP/s) of an n x n x n GEMM in `dtype` (FP32 output) on the CPU backend's engine at the current
+// thread count: oneDNN's matmul for fp32 and bf16, and for fp16 the FP32 matmul it is converted to (onednn.h).
+double measure_matmul(DType dtype, int n, int reps) {
+  using namespace ampdist::kernels::cpu;
+  const DType engine = dtype == DType::kFloat16 ? DType::kFloat32 : dtype;
+  const size_t nn = static_cast<size_t>(n) * n;
+  Tensor a = Tensor::empty({n, n}, engine), b = Tensor::empty({n, n}, engine);
+  Tensor c = Tensor::zeros({n, n}, DType::kFloat32);
+  Tensor half_a = Tensor::empty({n, n}, DType::kFloat32), quarter_b = Tensor::empty({n, n}, DType::kFloat32);
+  for (size_t i = 0; i < nn; ++i) {
+    half_a.data_as<float>()[i] = 0.5f;
+    quarter_b.data_as<float>()[i] = 0.25f;
+  }
+  ampdist::kernels::cast(half_a, a);
+  ampdist::kernels::cast(quarter_b, b);
+  onednn::Matmul mm;
+  mm.m = mm.n = mm.k = n;
+  mm.ab_dtype = engine;
+  mm.a_stride[1] = n;
+  mm.b_stride[1] = 1;  // B^T, as a Linear's forward reads its weight
+  mm.b_stride[2] = n;
+  mm.c_stride[1] = n;
+  onednn::matmul(mm, a.data(), b.data(), c.data());
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
-                n);
+    onednn::matmul(mm, a.data(), b.data(), c.data());
     t.push_back(seconds_since(t0));
   }
   // Checked like nccl-tests check results: every element is n * 0.5 * 0.25 exactly (small powers of two).
-  if (c[0] != n * 0.125f || c[c.size() - 1] != n * 0.125f) throw ampdist::Error("sgemm check failed");
+  const float* pc = c.data_as<float>();
+  if (pc[0] != n * 0.125f || pc[nn - 1] != n * 0.125f) throw ampdist::Error("matmul check failed");
   return 2.0 * n * n * static_cast<double>(n) / median(t);
 }
 
@@ -187,7 +206,7 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
   double peak_max = max_over_ranks(static_cast<double>(peak));
 
   // ---- GEMM-bound limit
-  const double sgemm = max_over_ranks(measure_sgemm(args.sgemm_n, 5));  // every rank measures; the best counts
+  const double sgemm = max_over_ranks(measure_matmul(working, args.sgemm_n, 5));  // every rank measures; the best counts
   const double flops = mlp_gemm_flops_per_sample(widths);
 
   if (comm.rank() == 0) {

@@ -1,5 +1,4 @@
-// CPU backend of kernels.h: OpenBLAS for GEMMs, plain loops over kernels/math.h for everything element-wise.
-#include <cblas.h>
+// CPU backend of kernels.h: oneDNN for GEMMs (cpu/onednn.h), loops over kernels/math.h for everything element-wise.
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "runtime/kernels/checks.h"
+#include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/math.h"
 
@@ -86,32 +86,68 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const int64_t m = shape.m, n = shape.n, k = shape.k;
   if (m == 0 || n == 0) return;
 
+  // fp16 has no oneDNN matmul on the CPU (2.6): its inputs are converted exactly to FP32 and its output rounded
+  // once by us. fp32 and bf16 go to oneDNN as they are (see onednn.h for what it computes).
+  const bool via_fp32 = a.dtype() == DType::kFloat16;
+  const DType engine_dtype = via_fp32 ? DType::kFloat32 : a.dtype();
   thread_local std::vector<float> sa, sb, sc, sbias;
-  const float* fa = as_fp32(a, sa);
-  const float* fb = as_fp32(b, sb);
-  float* fc;
-  if (c.dtype() == DType::kFloat32) {
-    fc = c.data_as<float>();
+  const void* pa = via_fp32 ? as_fp32(a, sa) : a.data();
+  const void* pb = via_fp32 ? as_fp32(b, sb) : b.data();
+  const bool c_direct = c.dtype() == DType::kFloat32 || !via_fp32;
+  void* pc;
+  if (c_direct) {
+    pc = c.data();
   } else {
     sc.resize(std::max<size_t>(sc.size(), c.numel()));
-    fc = sc.data();
+    pc = sc.data();
   }
+  // The bias goes into the primitive (added to the FP32 accumulator before the one rounding) when oneDNN takes its
+  // dtype and there is no alpha (oneDNN scales the bias with alpha); otherwise it is added to the FP32 result below.
+  const bool bias_in_engine = bias && alpha == 1.0f && k > 0 && c_direct &&
+                              (bias->dtype() == DType::kFloat32 || bias->dtype() == engine_dtype);
   if (k == 0) {
+    float* fc = static_cast<float*>(pc);
+    if (c.dtype() != DType::kFloat32 && c_direct) {  // bf16 C: the FP32 result goes to scratch first
+      sc.resize(std::max<size_t>(sc.size(), c.numel()));
+      fc = sc.data();
+    }
     for (int64_t i = 0; i < m * n; ++i) fc[i] = beta == 0.0f ? 0.0f : beta * fc[i];
+    pc = fc;
   } else {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, fa,
-                static_cast<int>(a.dim(1)), fb, static_cast<int>(b.dim(1)), beta, fc, static_cast<int>(n));
+    onednn::Matmul mm;
+    mm.m = m;
+    mm.n = n;
+    mm.k = k;
+    mm.ab_dtype = engine_dtype;
+    mm.c_dtype = c_direct ? c.dtype() : DType::kFloat32;
+    mm.bias_dtype = bias_in_engine ? bias->dtype() : DType::kFloat32;
+    mm.a_stride[1] = trans_a ? 1 : a.dim(1);
+    mm.a_stride[2] = trans_a ? a.dim(1) : 1;
+    mm.b_stride[1] = trans_b ? 1 : b.dim(1);
+    mm.b_stride[2] = trans_b ? b.dim(1) : 1;
+    mm.c_stride[1] = n;
+    mm.c_stride[2] = 1;
+    mm.alpha = alpha;
+    mm.beta = beta;
+    const bool fp32_result_needed = bias && !bias_in_engine && c.dtype() != DType::kFloat32 && c_direct;
+    if (fp32_result_needed) {  // bf16 C with a bias added outside the engine: FP32 first, one rounding after it
+      sc.resize(std::max<size_t>(sc.size(), c.numel()));
+      pc = sc.data();
+      mm.c_dtype = DType::kFloat32;
+    }
+    onednn::matmul(mm, pa, pb, pc, bias_in_engine ? bias->data() : nullptr);
   }
-  if (bias) {
+  const bool fp32_in_scratch = pc != c.data();
+  if (bias && !bias_in_engine) {
     const float* fbias = as_fp32(*bias, sbias);
+    float* fc = static_cast<float*>(pc);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) fc[i * n + j] += fbias[j];
   }
-  if (c.dtype() != DType::kFloat32) {
+  if (fp32_in_scratch) {
     dispatch_dtype(c.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      convert(fc, static_cast<T*>(c.data()), m * n);
+      convert(static_cast<const float*>(pc), static_cast<T*>(c.data()), m * n);
     });
   }
 }
@@ -374,7 +410,3 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
 
 }  // namespace ampdist::kernels::cpu
 
-namespace ampdist::kernels {
-void set_num_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
-int num_threads() { return openblas_get_num_threads(); }
-}  // namespace ampdist::kernels
