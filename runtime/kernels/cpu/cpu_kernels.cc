@@ -85,41 +85,19 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const GemmShape shape = check_gemm(a, trans_a, b, trans_b, c, beta, bias);
   const int64_t m = shape.m, n = shape.n, k = shape.k;
   if (m == 0 || n == 0) return;
-
-  // fp16 has no oneDNN matmul on the CPU (2.6): its inputs are converted exactly to FP32 and its output rounded
-  // once by us. fp32 and bf16 go to oneDNN as they are (see onednn.h for what it computes).
-  const bool via_fp32 = a.dtype() == DType::kFloat16;
-  const DType engine_dtype = via_fp32 ? DType::kFloat32 : a.dtype();
   thread_local std::vector<float> sa, sb, sc, sbias;
-  const void* pa = via_fp32 ? as_fp32(a, sa) : a.data();
-  const void* pb = via_fp32 ? as_fp32(b, sb) : b.data();
-  const bool c_direct = c.dtype() == DType::kFloat32 || !via_fp32;
-  void* pc;
-  if (c_direct) {
-    pc = c.data();
-  } else {
-    sc.resize(std::max<size_t>(sc.size(), c.numel()));
-    pc = sc.data();
-  }
-  // The bias goes into the primitive (added to the FP32 accumulator before the one rounding) when oneDNN takes its
-  // dtype and there is no alpha (oneDNN scales the bias with alpha); otherwise it is added to the FP32 result below.
-  const bool bias_in_engine = bias && alpha == 1.0f && k > 0 && c_direct &&
-                              (bias->dtype() == DType::kFloat32 || bias->dtype() == engine_dtype);
-  if (k == 0) {
-    float* fc = static_cast<float*>(pc);
-    if (c.dtype() != DType::kFloat32 && c_direct) {  // bf16 C: the FP32 result goes to scratch first
-      sc.resize(std::max<size_t>(sc.size(), c.numel()));
-      fc = sc.data();
-    }
-    for (int64_t i = 0; i < m * n; ++i) fc[i] = beta == 0.0f ? 0.0f : beta * fc[i];
-    pc = fc;
-  } else {
+
+  if (a.dtype() == DType::kBFloat16 && k > 0) {
+    // oneDNN's bf16 matmul: exact products, FP32 accumulation, the bias added in FP32 and one rounding into C.
+    // It scales the bias with alpha, so with alpha != 1 the bias is added to an FP32 result here instead.
+    const bool bias_in_engine = bias && alpha == 1.0f && bias->dtype() != DType::kFloat16;
+    const bool fp32_first = bias && !bias_in_engine && c.dtype() != DType::kFloat32;
     onednn::Matmul mm;
     mm.m = m;
     mm.n = n;
     mm.k = k;
-    mm.ab_dtype = engine_dtype;
-    mm.c_dtype = c_direct ? c.dtype() : DType::kFloat32;
+    mm.ab_dtype = DType::kBFloat16;
+    mm.c_dtype = fp32_first ? DType::kFloat32 : c.dtype();
     mm.bias_dtype = bias_in_engine ? bias->dtype() : DType::kFloat32;
     mm.a_stride[1] = trans_a ? 1 : a.dim(1);
     mm.a_stride[2] = trans_a ? a.dim(1) : 1;
@@ -129,25 +107,54 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     mm.c_stride[2] = 1;
     mm.alpha = alpha;
     mm.beta = beta;
-    const bool fp32_result_needed = bias && !bias_in_engine && c.dtype() != DType::kFloat32 && c_direct;
-    if (fp32_result_needed) {  // bf16 C with a bias added outside the engine: FP32 first, one rounding after it
-      sc.resize(std::max<size_t>(sc.size(), c.numel()));
-      pc = sc.data();
-      mm.c_dtype = DType::kFloat32;
+    if (fp32_first) sc.resize(std::max<size_t>(sc.size(), c.numel()));
+    float* fc = fp32_first ? sc.data() : nullptr;
+    onednn::matmul(mm, a.data(), b.data(), fp32_first ? static_cast<void*>(fc) : c.data(),
+                   bias_in_engine ? bias->data() : nullptr);
+    if (bias && !bias_in_engine) {
+      const float* fbias = as_fp32(*bias, sbias);
+      float* out = fp32_first ? fc : c.data_as<float>();
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) out[i * n + j] += fbias[j];
+      if (fp32_first) convert(fc, static_cast<bfloat16*>(c.data()), m * n);
     }
-    onednn::matmul(mm, pa, pb, pc, bias_in_engine ? bias->data() : nullptr);
+    return;
   }
-  const bool fp32_in_scratch = pc != c.data();
-  if (bias && !bias_in_engine) {
+
+  // FP32 (fp16 and bf16 converted exactly): oneDNN's sgemm. The bias is written into C first and sgemm adds the
+  // product to it (beta 1), so acc + bias is rounded once inside the kernel.
+  const float* fa = as_fp32(a, sa);
+  const float* fb = as_fp32(b, sb);
+  float* fc;
+  if (c.dtype() == DType::kFloat32) {
+    fc = c.data_as<float>();
+  } else {
+    sc.resize(std::max<size_t>(sc.size(), c.numel()));
+    fc = sc.data();
+  }
+  float beta_eff = beta;
+  if (bias) {
     const float* fbias = as_fp32(*bias, sbias);
-    float* fc = static_cast<float*>(pc);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) fc[i * n + j] += fbias[j];
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = fc + i * n;
+      if (beta == 0.0f) {
+        std::memcpy(row, fbias, static_cast<size_t>(n) * sizeof(float));
+      } else {
+        for (int64_t j = 0; j < n; ++j) row[j] = beta * row[j] + fbias[j];
+      }
+    }
+    beta_eff = 1.0f;
   }
-  if (fp32_in_scratch) {
+  if (k == 0) {
+    if (!bias)
+      for (int64_t i = 0; i < m * n; ++i) fc[i] = beta == 0.0f ? 0.0f : beta * fc[i];
+  } else {
+    onednn::sgemm(trans_a, trans_b, m, n, k, alpha, fa, a.dim(1), fb, b.dim(1), beta_eff, fc, n);
+  }
+  if (c.dtype() != DType::kFloat32) {
     dispatch_dtype(c.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      convert(static_cast<const float*>(pc), static_cast<T*>(c.data()), m * n);
+      convert(fc, static_cast<T*>(c.data()), m * n);
     });
   }
 }
