@@ -12,6 +12,7 @@
 
 #include "runtime/core/rng.h"
 #include "runtime/kernels/cpu/onednn.h"
+#include "runtime/kernels/cpu/parallel.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/math.h"
 #include "runtime/kernels/transformer.h"
@@ -63,13 +64,15 @@ void embedding_forward(std::span<const int32_t> tokens, int64_t seq_len, const T
   const float* te = wte.data_as<float>();
   const float* pe = wpe.data_as<float>();
   float* y = out.data_as<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    const int32_t tok = tokens[static_cast<size_t>(r)];
-    const float* a = te + static_cast<int64_t>(tok) * c;
-    const float* b = pe + (r % seq_len) * c;
-    float* o = y + r * c;
-    for (int64_t j = 0; j < c; ++j) o[j] = a[j] + b[j];
-  }
+  parallel_ranges(n, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int32_t tok = tokens[static_cast<size_t>(r)];
+      const float* a = te + static_cast<int64_t>(tok) * c;
+      const float* b = pe + (r % seq_len) * c;
+      float* o = y + r * c;
+      for (int64_t j = 0; j < c; ++j) o[j] = a[j] + b[j];
+    }
+  });
 }
 
 void embedding_backward(std::span<const int32_t> tokens, int64_t seq_len, const Tensor& dout, Tensor& dwte,
@@ -110,19 +113,22 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   float* mp = mean.data_as<float>();
   float* rp = rstd.data_as<float>();
   const float inv_c = 1.0f / static_cast<float>(c);
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = xp + r * c;
-    float s = 0.0f;
-    for (int64_t j = 0; j < c; ++j) s += xr[j];
-    const float m = s * inv_c;
-    float v = 0.0f;  // two passes: no cancellation from E[x^2] - E[x]^2
-    for (int64_t j = 0; j < c; ++j) v += (xr[j] - m) * (xr[j] - m);
-    const float rs = math::layernorm_rstd(v * inv_c, eps);
-    mp[r] = m;
-    rp[r] = rs;
-    float* yr = yp + r * c;
-    for (int64_t j = 0; j < c; ++j) yr[j] = math::layernorm(xr[j], m, rs, gp[j], bp[j]);
-  }
+  // Rows over the threads; each row's sums run in column order as before (bitwise the serial result).
+  parallel_ranges(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      float s = 0.0f;
+      for (int64_t j = 0; j < c; ++j) s += xr[j];
+      const float m = s * inv_c;
+      float v = 0.0f;  // two passes: no cancellation from E[x^2] - E[x]^2
+      for (int64_t j = 0; j < c; ++j) v += (xr[j] - m) * (xr[j] - m);
+      const float rs = math::layernorm_rstd(v * inv_c, eps);
+      mp[r] = m;
+      rp[r] = rs;
+      float* yr = yp + r * c;
+      for (int64_t j = 0; j < c; ++j) yr[j] = math::layernorm(xr[j], m, rs, gp[j], bp[j]);
+    }
+  });
   store(y, yp);
 }
 
@@ -145,27 +151,41 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
     std::fill(db, db + c, 0.0f);
   }
   const float inv_c = 1.0f / static_cast<float>(c);
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = xp + r * c;
-    const float* dyr = gp + r * c;
-    const float m = mp[r], rs = rp[r];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int64_t j = 0; j < c; ++j) {
-      const float xhat = (xr[j] - m) * rs;
-      const float g = dyr[j] * gam[j];
-      sum_g += g;
-      sum_gx += g * xhat;
-      dg[j] += dyr[j] * xhat;
-      db[j] += dyr[j];
+  // dx: rows over the threads, each row's two sums in column order as before.
+  parallel_ranges(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = gp + r * c;
+      const float m = mp[r], rs = rp[r];
+      float sum_g = 0.0f, sum_gx = 0.0f;
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        const float g = dyr[j] * gam[j];
+        sum_g += g;
+        sum_gx += g * xhat;
+      }
+      const float mean_g = sum_g * inv_c, mean_gx = sum_gx * inv_c;
+      float* dxr = dxp + r * c;
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        const float d = math::layernorm_backward(dyr[j] * gam[j], xhat, mean_g, mean_gx, rs);
+        dxr[j] = accumulate_dx ? dxr[j] + d : d;
+      }
     }
-    const float mean_g = sum_g * inv_c, mean_gx = sum_gx * inv_c;
-    float* dxr = dxp + r * c;
-    for (int64_t j = 0; j < c; ++j) {
-      const float xhat = (xr[j] - m) * rs;
-      const float d = math::layernorm_backward(dyr[j] * gam[j], xhat, mean_g, mean_gx, rs);
-      dxr[j] = accumulate_dx ? dxr[j] + d : d;
+  });
+  // dgamma, dbeta: column blocks over the threads, each column summed over the rows in row order.
+  parallel_ranges(c, 64, [&](int64_t j0, int64_t j1) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = gp + r * c;
+      const float m = mp[r], rs = rp[r];
+      for (int64_t j = j0; j < j1; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        dg[j] += dyr[j] * xhat;
+        db[j] += dyr[j];
+      }
     }
-  }
+  });
 }
 
 // ---- attention -------------------------------------------------------------------------------------------------
@@ -267,9 +287,11 @@ void batched_matmul(int64_t H, int64_t m, int64_t n, int64_t k, DType ab, const 
 
 // p[0..T) rounded to `dtype` (round to nearest even) into out, which holds `engine` values (bf16 or FP32).
 void round_row(const float* p, int64_t T, DType dtype, void* out, DType engine) {
-  if (engine == DType::kBFloat16) {
-    bfloat16* o = static_cast<bfloat16*>(out);
-    for (int64_t j = 0; j < T; ++j) o[j] = bfloat16(p[j]);
+  if (engine == DType::kBFloat16) {  // Eigen's vectorised conversion: the same rounding as bfloat16(x)
+    Eigen::Map<Eigen::Array<bfloat16, Eigen::Dynamic, 1>>(static_cast<bfloat16*>(out), T) =
+        Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>>(p, T).cast<bfloat16>();
+  } else if (dtype == DType::kFloat32) {
+    std::memcpy(out, p, static_cast<size_t>(T) * sizeof(float));
   } else {
     float* o = static_cast<float*>(out);
     for (int64_t j = 0; j < T; ++j) o[j] = round_to(p[j], dtype);
@@ -293,45 +315,49 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
   const DType g_qk = engine_dtype(dq, dq), g_pv = engine_dtype(pv_dtype, dq);
   // p v writes straight into a bf16 output; otherwise FP32, rounded once when scattered into out.
   const DType o_dtype = g_pv == DType::kBFloat16 && out.dtype() == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
-  thread_local Scratch sq, sk, sv, ss, sp, so;
-  void* qh = sq.get(H * T * hs, g_qk);
-  void* kh = sk.get(H * T * hs, g_qk);
-  void* vh = sv.get(H * T * hs, g_pv);
-  float* scores = static_cast<float*>(ss.get(H * T * T, DType::kFloat32));
-  void* pr = sp.get(H * T * T, g_pv);
-  void* oh = so.get(H * T * hs, o_dtype);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t ld = 3 * C;
   float* pp = probs.data_as<float>();
   const size_t pr_es = dtype_size(g_pv);
-  for (int64_t b = 0; b < B; ++b) {
-    const char* slab = bytes_at(qkv, b * T * ld);
-    gather_heads(slab, dq, ld, 0, T, H, hs, qh, g_qk);
-    gather_heads(slab, dq, ld, C, T, H, hs, kh, g_qk);
-    gather_heads(slab, dq, ld, 2 * C, T, H, hs, vh, g_pv);
-    batched_matmul(H, T, T, hs, g_qk, qh, false, kh, true, DType::kFloat32, scores, scale);
-    const uint8_t* mask = key_mask.empty() ? nullptr : key_mask.data() + b * T;
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t i = 0; i < T; ++i) {
-        const float* srow = scores + (h * T + i) * T;
-        float* p = pp + ((b * H + h) * T + i) * T;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j)
-          if (!mask || mask[j]) mx = std::max(mx, srow[j]);
-        float sum = 0.0f;
-        for (int64_t j = 0; j < T; ++j) {
-          const bool allowed = j <= i && (!mask || mask[j]);
-          p[j] = allowed ? math::softmax_exp(srow[j], mx) : 0.0f;
-          sum += p[j];
+  // Windows over the threads (each with its own scratch; oneDNN then runs each product on its calling thread),
+  // or, for a single window, one window with oneDNN's threads.
+  parallel_ranges(B, 1, [&](int64_t b0, int64_t b1) {
+    thread_local Scratch sq, sk, sv, ss, sp, so;
+    void* qh = sq.get(H * T * hs, g_qk);
+    void* kh = sk.get(H * T * hs, g_qk);
+    void* vh = sv.get(H * T * hs, g_pv);
+    float* scores = static_cast<float*>(ss.get(H * T * T, DType::kFloat32));
+    void* pr = sp.get(H * T * T, g_pv);
+    void* oh = so.get(H * T * hs, o_dtype);
+    for (int64_t b = b0; b < b1; ++b) {
+      const char* slab = bytes_at(qkv, b * T * ld);
+      gather_heads(slab, dq, ld, 0, T, H, hs, qh, g_qk);
+      gather_heads(slab, dq, ld, C, T, H, hs, kh, g_qk);
+      gather_heads(slab, dq, ld, 2 * C, T, H, hs, vh, g_pv);
+      batched_matmul(H, T, T, hs, g_qk, qh, false, kh, true, DType::kFloat32, scores, scale);
+      const uint8_t* mask = key_mask.empty() ? nullptr : key_mask.data() + b * T;
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < T; ++i) {
+          const float* srow = scores + (h * T + i) * T;
+          float* p = pp + ((b * H + h) * T + i) * T;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j <= i; ++j)
+            if (!mask || mask[j]) mx = std::max(mx, srow[j]);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < T; ++j) {
+            const bool allowed = j <= i && (!mask || mask[j]);
+            p[j] = allowed ? math::softmax_exp(srow[j], mx) : 0.0f;
+            sum += p[j];
+          }
+          const float inv = math::softmax_inv_sum(sum);
+          for (int64_t j = 0; j < T; ++j) p[j] *= inv;
+          round_row(p, T, pv_dtype, static_cast<char*>(pr) + (h * T + i) * T * pr_es, g_pv);
         }
-        const float inv = math::softmax_inv_sum(sum);
-        for (int64_t j = 0; j < T; ++j) p[j] *= inv;
-        round_row(p, T, pv_dtype, static_cast<char*>(pr) + (h * T + i) * T * pr_es, g_pv);
       }
+      batched_matmul(H, T, hs, T, g_pv, pr, false, vh, false, o_dtype, oh);
+      scatter_heads(oh, o_dtype, T, H, hs, bytes_at(out, b * T * C), out.dtype(), C, 0);
     }
-    batched_matmul(H, T, hs, T, g_pv, pr, false, vh, false, o_dtype, oh);
-    scatter_heads(oh, o_dtype, T, H, hs, bytes_at(out, b * T * C), out.dtype(), C, 0);
-  }
+  });
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionShape& s, DType pv_dtype,
@@ -340,51 +366,54 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
   const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
   const DType dq = qkv.dtype(), dg = dout.dtype();
   const DType g_dv = engine_dtype(pv_dtype, dg), g_dp = engine_dtype(dg, dq);
-  thread_local Scratch s_g1, s_g2, s_v, s_q, s_k, s_pr, s_dp, s_ds, s_dq, s_dk, s_dv;
-  void* g1 = s_g1.get(H * T * hs, g_dv);  // dout's heads for dv = p^T g
-  void* g2 = g_dp == g_dv ? g1 : s_g2.get(H * T * hs, g_dp);  // ... for dp = g v^T
-  void* vh = s_v.get(H * T * hs, g_dp);
-  float* qh = static_cast<float*>(s_q.get(H * T * hs, DType::kFloat32));
-  float* kh = static_cast<float*>(s_k.get(H * T * hs, DType::kFloat32));
-  void* pr = s_pr.get(H * T * T, g_dv);
-  float* dp = static_cast<float*>(s_dp.get(H * T * T, DType::kFloat32));
-  float* ds = static_cast<float*>(s_ds.get(H * T * T, DType::kFloat32));
-  float* dqh = static_cast<float*>(s_dq.get(H * T * hs, DType::kFloat32));
-  float* dkh = static_cast<float*>(s_dk.get(H * T * hs, DType::kFloat32));
-  float* dvh = static_cast<float*>(s_dv.get(H * T * hs, DType::kFloat32));
   const float* pp = probs.data_as<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t ld = 3 * C;
   const size_t pr_es = dtype_size(g_dv);
-  for (int64_t b = 0; b < B; ++b) {
-    const char* slab = bytes_at(qkv, b * T * ld);
-    const char* gslab = bytes_at(dout, b * T * C);
-    gather_heads(gslab, dg, C, 0, T, H, hs, g1, g_dv);
-    if (g2 != g1) gather_heads(gslab, dg, C, 0, T, H, hs, g2, g_dp);
-    gather_heads(slab, dq, ld, 2 * C, T, H, hs, vh, g_dp);
-    gather_heads(slab, dq, ld, 0, T, H, hs, qh, DType::kFloat32);
-    gather_heads(slab, dq, ld, C, T, H, hs, kh, DType::kFloat32);
-    const float* pb = pp + b * H * T * T;
-    for (int64_t r = 0; r < H * T; ++r) round_row(pb + r * T, T, pv_dtype, static_cast<char*>(pr) + r * T * pr_es, g_dv);
-    batched_matmul(H, T, hs, T, g_dv, pr, true, g1, false, DType::kFloat32, dvh);  // dv = p^T g
-    batched_matmul(H, T, T, hs, g_dp, g2, false, vh, true, DType::kFloat32, dp);    // dp = g v^T
-    for (int64_t r = 0; r < H * T; ++r) {
-      const int64_t i = r % T;
-      const float* p = pb + r * T;
-      const float* dpr = dp + r * T;
-      float* dsr = ds + r * T;
-      float dot = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) dot += p[j] * dpr[j];
-      for (int64_t j = 0; j <= i; ++j) dsr[j] = math::softmax_backward(p[j], dpr[j], dot) * scale;
-      for (int64_t j = i + 1; j < T; ++j) dsr[j] = 0.0f;
+  parallel_ranges(B, 1, [&](int64_t b0, int64_t b1) {  // as the forward: windows over the threads
+    thread_local Scratch s_g1, s_g2, s_v, s_q, s_k, s_pr, s_dp, s_ds, s_dq, s_dk, s_dv;
+    void* g1 = s_g1.get(H * T * hs, g_dv);                      // dout's heads for dv = p^T g
+    void* g2 = g_dp == g_dv ? g1 : s_g2.get(H * T * hs, g_dp);  // ... for dp = g v^T
+    void* vh = s_v.get(H * T * hs, g_dp);
+    float* qh = static_cast<float*>(s_q.get(H * T * hs, DType::kFloat32));
+    float* kh = static_cast<float*>(s_k.get(H * T * hs, DType::kFloat32));
+    void* pr = s_pr.get(H * T * T, g_dv);
+    float* dp = static_cast<float*>(s_dp.get(H * T * T, DType::kFloat32));
+    float* ds = static_cast<float*>(s_ds.get(H * T * T, DType::kFloat32));
+    float* dqh = static_cast<float*>(s_dq.get(H * T * hs, DType::kFloat32));
+    float* dkh = static_cast<float*>(s_dk.get(H * T * hs, DType::kFloat32));
+    float* dvh = static_cast<float*>(s_dv.get(H * T * hs, DType::kFloat32));
+    for (int64_t b = b0; b < b1; ++b) {
+      const char* slab = bytes_at(qkv, b * T * ld);
+      const char* gslab = bytes_at(dout, b * T * C);
+      gather_heads(gslab, dg, C, 0, T, H, hs, g1, g_dv);
+      if (g2 != g1) gather_heads(gslab, dg, C, 0, T, H, hs, g2, g_dp);
+      gather_heads(slab, dq, ld, 2 * C, T, H, hs, vh, g_dp);
+      gather_heads(slab, dq, ld, 0, T, H, hs, qh, DType::kFloat32);
+      gather_heads(slab, dq, ld, C, T, H, hs, kh, DType::kFloat32);
+      const float* pb = pp + b * H * T * T;
+      for (int64_t r = 0; r < H * T; ++r)
+        round_row(pb + r * T, T, pv_dtype, static_cast<char*>(pr) + r * T * pr_es, g_dv);
+      batched_matmul(H, T, hs, T, g_dv, pr, true, g1, false, DType::kFloat32, dvh);  // dv = p^T g
+      batched_matmul(H, T, T, hs, g_dp, g2, false, vh, true, DType::kFloat32, dp);    // dp = g v^T
+      for (int64_t r = 0; r < H * T; ++r) {
+        const int64_t i = r % T;
+        const float* p = pb + r * T;
+        const float* dpr = dp + r * T;
+        float* dsr = ds + r * T;
+        float dot = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) dot += p[j] * dpr[j];
+        for (int64_t j = 0; j <= i; ++j) dsr[j] = math::softmax_backward(p[j], dpr[j], dot) * scale;
+        for (int64_t j = i + 1; j < T; ++j) dsr[j] = 0.0f;
+      }
+      batched_matmul(H, T, hs, T, DType::kFloat32, ds, false, kh, false, DType::kFloat32, dqh);  // dq = ds k
+      batched_matmul(H, T, hs, T, DType::kFloat32, ds, true, qh, false, DType::kFloat32, dkh);   // dk = ds^T q
+      char* dslab = bytes_at(dqkv, b * T * ld);
+      scatter_heads(dqh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, 0);
+      scatter_heads(dkh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, C);
+      scatter_heads(dvh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, 2 * C);
     }
-    batched_matmul(H, T, hs, T, DType::kFloat32, ds, false, kh, false, DType::kFloat32, dqh);  // dq = ds k
-    batched_matmul(H, T, hs, T, DType::kFloat32, ds, true, qh, false, DType::kFloat32, dkh);   // dk = ds^T q
-    char* dslab = bytes_at(dqkv, b * T * ld);
-    scatter_heads(dqh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, 0);
-    scatter_heads(dkh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, C);
-    scatter_heads(dvh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, 2 * C);
-  }
+  });
 }
 
 // ---- dropout ---------------------------------------------------------------------------------------------------
@@ -397,12 +426,15 @@ void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const 
   thread_local std::vector<float> xs;
   const float* in = fp32_of(x, xs);
   float* out = fp32_out(x, xs);  // in place: the same buffer
-  for (int64_t r = 0; r < n; ++r) {
-    const RngStream rng{key.seed, {key.step, sample_ids[static_cast<size_t>(r / seq_len)], key.site},
-                        RngPurpose::kDropout};
-    const uint64_t first = static_cast<uint64_t>((r % seq_len) * c);
-    for (int64_t j = 0; j < c; ++j) out[r * c + j] = math::dropout(in[r * c + j], rng.uniform(first + j), p, inv_keep);
-  }
+  parallel_ranges(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const RngStream rng{key.seed, {key.step, sample_ids[static_cast<size_t>(r / seq_len)], key.site},
+                          RngPurpose::kDropout};
+      const uint64_t first = static_cast<uint64_t>((r % seq_len) * c);
+      for (int64_t j = 0; j < c; ++j)
+        out[r * c + j] = math::dropout(in[r * c + j], rng.uniform(first + j), p, inv_keep);
+    }
+  });
   store(x, out);
 }
 
@@ -413,7 +445,9 @@ void add_inplace(Tensor& x, const Tensor& y) {
   thread_local std::vector<float> ys;
   const float* b = fp32_of(y, ys);
   float* a = x.data_as<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) a[i] += b[i];
+  parallel_ranges(x.numel(), int64_t{1} << 15, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) a[i] += b[i];
+  });
 }
 
 }  // namespace ampdist::kernels::cpu
