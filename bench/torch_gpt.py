@@ -59,7 +59,12 @@ class Block(torch.nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch < 2.0 (Debian's 1.13, the QUICK smoke run): the same product, spelled out
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+            y = torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
         x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
