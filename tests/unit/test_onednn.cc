@@ -14,6 +14,7 @@
 #include "runtime/kernels/cpu/isa.h"
 #include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/kernels/math.h"
 #include "runtime/kernels/transformer.h"
 
 namespace ampdist {
@@ -147,6 +148,47 @@ TEST(IsaDispatch, Avx512UnscaleIsBitwiseTheAvx2Path) {
     EXPECT_EQ(ra.found_inf, rb.found_inf);
     EXPECT_TRUE(ra.found_inf);
     EXPECT_EQ(std::memcmp(&ra.sum_sq, &rb.sum_sq, sizeof(double)), 0) << ra.sum_sq << " vs " << rb.sum_sq;
+  }
+}
+
+TEST(CpuFastPaths, SixteenBitGeluTablesAreBitwiseTheFormulas) {
+  // Every fp16 / bf16 bit pattern (NaN and inf included) through gelu_forward and gelu_backward against
+  // math::gelu / math::gelu_backward evaluated per element and rounded once, as the FP32 path does.
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t n = 65536;
+    Tensor x = Tensor::empty({n}, dt), dy = Tensor::empty({n}, dt), y = Tensor::empty({n}, dt);
+    Tensor dx = Tensor::empty({n}, dt);
+    auto* xb = static_cast<uint16_t*>(x.data());
+    auto* db = static_cast<uint16_t*>(dy.data());
+    for (int64_t i = 0; i < n; ++i) {
+      xb[i] = static_cast<uint16_t>(i);
+      db[i] = static_cast<uint16_t>((i * 40503) & 0xFFFF);  // another permutation of all patterns
+    }
+    kernels::gelu_forward(x, y);
+    kernels::gelu_backward(x, dy, dx);
+    Tensor one = Tensor::empty({1}, dt);
+    for (int64_t i = 0; i < n; ++i) {
+      const float xv = x.item(i), dv = dy.item(i);
+      Tensor want_y = Tensor::empty({1}, DType::kFloat32), want_dx = Tensor::empty({1}, DType::kFloat32);
+      want_y.data_as<float>()[0] = math::gelu(xv);
+      want_dx.data_as<float>()[0] = math::gelu_backward(xv, dv);
+      kernels::cast(want_y, one);
+      const uint16_t wy = *static_cast<const uint16_t*>(one.data());
+      kernels::cast(want_dx, one);
+      const uint16_t wdx = *static_cast<const uint16_t*>(one.data());
+      const uint16_t gy = static_cast<const uint16_t*>(y.data())[i], gdx = static_cast<const uint16_t*>(dx.data())[i];
+      if (std::isnan(math::gelu(xv))) {
+        EXPECT_TRUE(std::isnan(y.item(i))) << "x bits " << i;
+      } else {
+        ASSERT_EQ(gy, wy) << "gelu, x bits " << i;
+      }
+      if (std::isnan(math::gelu_backward(xv, dv))) {
+        EXPECT_TRUE(std::isnan(dx.item(i))) << "x bits " << i;
+      } else {
+        ASSERT_EQ(gdx, wdx) << "gelu', x bits " << i << ", dy bits " << db[i];
+      }
+    }
   }
 }
 
