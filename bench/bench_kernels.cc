@@ -2,9 +2,9 @@
 //   build/bench/ampdist_bench_kernels --benchmark_counters_tabular=true
 // GEMMs by input dtype show the cost of the tensor-core contract on the CPU (exact conversion to FP32, sgemm,
 // one rounding); the passes over flat buffers are memory-bound and read as bytes/s. The machine's own limits are
-// measured beside them, on one thread like the kernels: BM_Sgemm (cblas_sgemm on FP32 buffers, what the GEMM
-// wrapper calls) and BM_MemoryCopy (memcpy, counted as bytes read + written, as STREAM's copy counts).
-#include <cblas.h>
+// measured beside them, on one thread like the kernels: BM_Sgemm (oneDNN's f32 matmul called directly, what the
+// GEMM wrapper calls) and BM_MemoryCopy (memcpy, counted as bytes read + written, as STREAM's copy counts).
+#include <oneapi/dnnl/dnnl.hpp>
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -51,12 +51,21 @@ BENCHMARK_CAPTURE(BM_GemmMainJobFc1, fp32, DType::kFloat32);
 BENCHMARK_CAPTURE(BM_GemmMainJobFc1, fp16, DType::kFloat16);
 BENCHMARK_CAPTURE(BM_GemmMainJobFc1, bf16, DType::kBFloat16);
 
+// oneDNN's f32 matmul on FP32 buffers through its own API (no wrapper): the engine's rate, the GEMM's limit.
 void BM_Sgemm(benchmark::State& state) {
-  const int n = static_cast<int>(state.range(0));
+  const int64_t n = state.range(0);
   ampdist::kernels::set_num_threads(1);
   std::vector<float> a(static_cast<size_t>(n) * n, 0.01f), b(a.size(), 0.02f), c(a.size());
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream s(eng);
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::desc ma({n, n}, dnnl::memory::data_type::f32, tag::ab);
+  const dnnl::memory::desc mb({n, n}, dnnl::memory::data_type::f32, tag::ba);
+  dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ma, mb, ma), eng));
+  dnnl::memory A(ma, eng, a.data()), B(mb, eng, b.data()), C(ma, eng, c.data());
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    mm.execute(s, {{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}});
+    s.wait();
     benchmark::ClobberMemory();
   }
   state.counters["FLOP/s"] = benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);

@@ -14,10 +14,10 @@
 //     Consensus::agree (after a barrier, so it measures the collective and not the ranks' skew), LossScaler::update
 //     on a copy of the scaler. Their sum over the median step time is the share of the step;
 //   - memory: VmRSS before the trainer exists, VmHWM (peak RSS) at the end, and the bytes the design expects;
-//   - the sgemm rate of this machine at the same thread count (cblas_sgemm, square, --sgemm-n), and the model's
-//     GEMM FLOPs per sample, for the GEMM-bound limit of samples/s.
+//   - the GEMM engine's rate on this machine in the working dtype at the same thread count (oneDNN, square,
+//     --sgemm-n: bf16 natively, fp16 as the FP32 GEMM it is converted to), and the model's GEMM FLOPs per sample
+//     (MLP or GPT), for the GEMM-bound limit of samples/s; which oneDNN implementation ran (engine.gemm_impl).
 // Rank 0 prints one JSON object (and writes it to --json). Exit 2 on bad input, 1 on a runtime failure.
-#include <cblas.h>
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +33,7 @@
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
 #include "runtime/core/error.h"
+#include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/train/config.h"
 #include "runtime/train/trainer.h"
@@ -77,19 +78,38 @@ double mlp_gemm_flops_per_sample(const std::vector<int64_t>& widths) {
   return f;
 }
 
-// Median sgemm rate (FLOP/s) of an n x n x n cblas_sgemm at the current OpenBLAS thread count.
-double measure_sgemm(int n, int reps) {
-  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+// Median rate (FLOP/s) of an n x n x n GEMM in `dtype` (FP32 output) on the CPU backend's engine at the current
+// thread count: oneDNN's matmul for fp32 and bf16, and for fp16 the FP32 matmul it is converted to (onednn.h).
+double measure_matmul(DType dtype, int n, int reps) {
+  using namespace ampdist::kernels::cpu;
+  const DType engine = dtype == DType::kFloat16 ? DType::kFloat32 : dtype;
+  const size_t nn = static_cast<size_t>(n) * n;
+  Tensor a = Tensor::empty({n, n}, engine), b = Tensor::empty({n, n}, engine);
+  Tensor c = Tensor::zeros({n, n}, DType::kFloat32);
+  Tensor half_a = Tensor::empty({n, n}, DType::kFloat32), quarter_b = Tensor::empty({n, n}, DType::kFloat32);
+  for (size_t i = 0; i < nn; ++i) {
+    half_a.data_as<float>()[i] = 0.5f;
+    quarter_b.data_as<float>()[i] = 0.25f;
+  }
+  ampdist::kernels::cast(half_a, a);
+  ampdist::kernels::cast(quarter_b, b);
+  onednn::Matmul mm;
+  mm.m = mm.n = mm.k = n;
+  mm.ab_dtype = engine;
+  mm.a_stride[1] = n;
+  mm.b_stride[1] = 1;  // B^T, as a Linear's forward reads its weight
+  mm.b_stride[2] = n;
+  mm.c_stride[1] = n;
+  onednn::matmul(mm, a.data(), b.data(), c.data());
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(),
-                n);
+    onednn::matmul(mm, a.data(), b.data(), c.data());
     t.push_back(seconds_since(t0));
   }
   // Checked like nccl-tests check results: every element is n * 0.5 * 0.25 exactly (small powers of two).
-  if (c[0] != n * 0.125f || c[c.size() - 1] != n * 0.125f) throw ampdist::Error("sgemm check failed");
+  const float* pc = c.data_as<float>();
+  if (pc[0] != n * 0.125f || pc[nn - 1] != n * 0.125f) throw ampdist::Error("matmul check failed");
   return 2.0 * n * n * static_cast<double>(n) / median(t);
 }
 
@@ -178,22 +198,32 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
     if (widths.empty()) widths.push_back(p.shape[1]);
     widths.push_back(p.shape[0]);
   }
-  if (widths.size() < 2) throw Error(args.config + ": model has no Linear layer", ErrorKind::kBadInput);
-  const int64_t in = widths[0];
+  const bool gpt = cfg.model().has_gpt();
+  if (!gpt && widths.size() < 2) throw Error(args.config + ": model has no Linear layer", ErrorKind::kBadInput);
+  if (gpt) widths.clear();
+  const int64_t in = gpt ? 0 : widths[0];
   // Per rank, as layers.cc keeps them: per Linear its output and (all but the first) its input gradient, the first
   // Linear's 16-bit copy of the FP32 input, per activation its output and input gradient, the loss gradient.
-  int64_t act = es < 4 ? micro * in * es : 0;
+  int64_t act = es < 4 && !gpt ? micro * in * es : 0;
   for (size_t l = 1; l < widths.size(); ++l) act += micro * widths[l] * es + (l > 1 ? micro * widths[l - 1] * es : 0);
   for (size_t l = 1; l + 1 < widths.size(); ++l) act += 2 * micro * widths[l] * es;
-  act += micro * widths.back() * (es + 4);
+  if (!gpt) act += micro * widths.back() * (es + 4);
   const int64_t master_b = numel * 4, working_b = es < 4 ? numel * es : 0, grads_b = numel * 4;
   const int64_t expected = master_b + working_b + grads_b + optimizer_bytes + act;
   const int64_t peak = proc_status_bytes("VmHWM");
   double peak_max = max_over_ranks(static_cast<double>(peak));
 
   // ---- GEMM-bound limit
-  const double sgemm = max_over_ranks(measure_sgemm(args.sgemm_n, 5));  // every rank measures; the best counts
-  const double flops = mlp_gemm_flops_per_sample(widths);
+  const double sgemm = max_over_ranks(measure_matmul(working, args.sgemm_n, 5));  // every rank measures; the best counts
+  double flops = 0.0;
+  if (gpt) {  // per window of T tokens: 6 FLOPs per weight and token (forward, input and weight gradients) for
+              // every Linear and the tied head, and the 6 attention products over full T x T blocks per layer
+    const auto& g = cfg.model().gpt();
+    const double T = g.seq_len(), C = g.n_embd(), L = g.n_layer(), V = g.vocab_size();
+    flops = 6.0 * T * (12.0 * L * C * C + V * C) + 12.0 * L * T * T * C;
+  } else {
+    flops = mlp_gemm_flops_per_sample(widths);
+  }
 
   if (comm.rank() == 0) {
     nlohmann::json j;
@@ -227,7 +257,11 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
                    {"grads_bytes", grads_b},
                    {"optimizer_bytes", optimizer_bytes},
                    {"activations_bytes", act}};
-    j["sgemm_flop_s"] = sgemm;
+    j["sgemm_flop_s"] = sgemm;  // the engine's matmul rate in the working dtype (name kept for old reports)
+    j["matmul_flop_s"] = sgemm;
+    j["engine"] = {{"onednn_version", kernels::cpu::onednn::version()},
+                   {"gemm_impl", kernels::cpu::onednn::implementation(working, working)},
+                   {"native_bf16", kernels::cpu::onednn::native_bf16()}};
     j["sgemm_n"] = args.sgemm_n;
     j["gemm_flops_per_sample"] = flops;
     // The world's GEMM throughput: each rank has its share of the cores and does its share of the samples.

@@ -41,7 +41,7 @@ def main():
     meta = load(a.meta)
     files = {os.path.basename(p)[:-5]: load(p) for p in glob.glob(os.path.join(a.raw, "*.json"))}
     res = {"meta": meta, "throughput": [], "allreduce": [], "mp_overhead": [], "scaling": [], "memory": [],
-           "kernels": [], "targets": {}}
+           "kernels": [], "models": [], "targets": {}}
     out = []
     p = out.append
 
@@ -92,9 +92,10 @@ def main():
     p("3. Mixed-precision machinery per step (cast + unscale/check + consensus + scaler), median ms and share of step")
     p(f"{'model':>10} {'ranks':>5} {'prec':>5} | {'step ms':>8} | {'cast':>7} | {'unscale':>7} | {'consens':>7} | "
       f"{'scaler':>7} | {'share':>6}")
-    for key in sorted(k for k in files if k.startswith(("ampdist_", "big_"))):
+    for key in sorted(k for k in files if k.startswith(("ampdist_", "big_", "model_"))):
         r = files[key]
-        model = "100M" if key.startswith("big_") else "main job"
+        model = "main job" if key.startswith("ampdist_") else "100M" if "mlp100m" in key or key.startswith("big_") \
+            else key.split("_")[1]
         mp = r["mp"]
         row = {"model": model, "params": r["params"], "global_batch": r["global_batch"], "precision": r["precision"],
                "world_size": r["world_size"], "step_s": r["step_s_median"], **mp}
@@ -124,15 +125,54 @@ def main():
     p(f"{'model':>10} {'ranks':>5} {'prec':>5} | {'peak':>8} | {'at start':>8} | {'expected':>8} | "
       f"{'master':>7} {'working':>7} {'grads':>7} {'optim':>7} {'activ':>7}")
     mib = 1 / (1 << 20)
-    for key in sorted(k for k in files if k.startswith(("ampdist_", "big_"))):
+    for key in sorted(k for k in files if k.startswith(("ampdist_", "big_", "model_"))):
         r = files[key]
         m = r["memory"]
-        model = "100M" if key.startswith("big_") else "main job"
+        model = "main job" if key.startswith("ampdist_") else "100M" if "mlp100m" in key or key.startswith("big_") \
+            else key.split("_")[1]
         res["memory"].append({"model": model, "precision": r["precision"], "world_size": r["world_size"], **m})
         p(f"{model:>10} {r['world_size']:>5} {r['precision']:>5} | {m['peak_rss_bytes_max_over_ranks'] * mib:>8.1f} | "
           f"{m['rss_start_bytes'] * mib:>8.1f} | {m['expected_bytes'] * mib:>8.1f} | {m['master_bytes'] * mib:>7.1f} "
           f"{m['working_bytes'] * mib:>7.1f} {m['grads_bytes'] * mib:>7.1f} {m['optimizer_bytes'] * mib:>7.1f} "
           f"{m['activations_bytes'] * mib:>7.1f}")
+
+    # ---- models against PyTorch
+    p("")
+    p("7. Models against PyTorch (samples/s, median of windows; limit = model GEMM FLOPs at oneDNN's measured")
+    p("   matmul rate in the working dtype; peak = RSS per rank, max over ranks; load = 1-min load average)")
+    p(f"{'model':>9} {'ranks':>5} {'thr':>3} {'prec':>5} | {'ampdist':>9} | {'PyTorch':>9} | {'ratio':>5} | "
+      f"{'vs fp32':>7} | {'limit':>9} | {'of lim':>6} | {'peak MiB':>8} | {'vs fp32':>7} | {'load':>5} | engine")
+    loads = meta.get("loads", {})
+    models = {}
+    for key in sorted(k for k in files if k.startswith("model_")):
+        m = re.match(r"model_(\w+?)_(fp32|fp16|bf16)_np(\d+)$", key)
+        if not m:
+            continue
+        name, prec, np_ = m.group(1), m.group(2), int(m.group(3))
+        r = files[key]
+        tk = f"torchmodel_{name}_{prec}_np{np_}"
+        t = files[tk]["samples_per_s_median"] if tk in files else None
+        models[(name, np_, prec)] = {
+            "model": name, "world_size": np_, "threads_per_rank": r["threads_per_rank"], "precision": prec,
+            "ampdist_samples_per_s": r["samples_per_s_median"], "ampdist_windows": r["samples_per_s"],
+            "torch_samples_per_s": t, "torch_windows": files[tk]["samples_per_s"] if tk in files else None,
+            "torch_version": files[tk]["torch_version"] if tk in files else None,
+            "ratio_vs_torch": ratio(r["samples_per_s_median"], t),
+            "gemm_bound_samples_per_s": r["gemm_bound_samples_per_s"], "matmul_flop_s": r["sgemm_flop_s"],
+            "of_gemm_bound": ratio(r["samples_per_s_median"], r["gemm_bound_samples_per_s"]),
+            "peak_rss_bytes": r["memory"]["peak_rss_bytes_max_over_ranks"],
+            "torch_peak_rss_bytes": files[tk].get("peak_rss_bytes") if tk in files else None,
+            "engine": r.get("engine", {}), "load": loads.get(key)}
+    for (name, np_, prec), x in sorted(models.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != "fp32")):
+        base = models.get((name, np_, "fp32"))
+        x["ratio_vs_ampdist_fp32"] = ratio(x["ampdist_samples_per_s"], base["ampdist_samples_per_s"]) if base else None
+        x["peak_vs_fp32"] = ratio(x["peak_rss_bytes"], base["peak_rss_bytes"]) if base else None
+        res["models"].append(x)
+        p(f"{name:>9} {np_:>5} {x['threads_per_rank']:>3} {prec:>5} | {fmt(x['ampdist_samples_per_s'], 1):>9} | "
+          f"{fmt(x['torch_samples_per_s'], 1):>9} | {fmt(x['ratio_vs_torch'], 2):>5} | "
+          f"{fmt(x['ratio_vs_ampdist_fp32'], 2):>7} | {fmt(x['gemm_bound_samples_per_s'], 1):>9} | "
+          f"{fmt(x['of_gemm_bound'], 2):>6} | {x['peak_rss_bytes'] / (1 << 20):>8.0f} | {fmt(x['peak_vs_fp32'], 2):>7} | "
+          f"{(x['load'] or '-').split(' ')[0]:>5} | {x['engine'].get('gemm_impl', '-')}")
 
     # ---- kernels
     if "kernels" in files:
@@ -167,7 +207,7 @@ def main():
     # ---- targets
     t = {}
     tp = {(x["precision"], x["world_size"]): x for x in res["throughput"]}
-    for prec, goal in (("fp32", 1.5), ("bf16", 1.0)):
+    for prec, goal in (("fp32", 1.5),):
         for n in (1, 2):
             x = tp.get((prec, n))
             if x and x["ratio"] is not None:
@@ -182,6 +222,22 @@ def main():
     if bigmp:
         worst = max(x["share_of_step"] for x in bigmp)
         t["mp_share_100M"] = {"max_share": worst, "target": 0.05, "met": worst <= 0.05}
+    mt = {(x["model"], x["world_size"], x["precision"]): x for x in res["models"]}
+    for n in (1, 2):
+        for key, field_, goal, model, prec in (
+                ("mlp100m_bf16_vs_fp32", "ratio_vs_ampdist_fp32", 2.0, "mlp100m", "bf16"),
+                ("mlp100m_bf16_vs_torch", "ratio_vs_torch", 1.2, "mlp100m", "bf16"),
+                ("gpt2s_bf16_vs_fp32", "ratio_vs_ampdist_fp32", 1.5, "gpt2s", "bf16"),
+                ("gpt2s_fp32_vs_torch", "ratio_vs_torch", 1.0, "gpt2s", "fp32"),
+                ("gpt2s_bf16_vs_torch", "ratio_vs_torch", 1.0, "gpt2s", "bf16"),
+                ("fortunes_fp32_vs_torch", "ratio_vs_torch", 1.0, "fortunes", "fp32")):
+            x = mt.get((model, n, prec))
+            if x and x.get(field_) is not None:
+                t[f"{key}_np{n}"] = {"ratio": x[field_], "target": goal, "met": x[field_] >= goal}
+        x = mt.get(("gpt2s", n, "bf16"))
+        if x and x.get("peak_vs_fp32") is not None:
+            t[f"gpt2s_bf16_peak_vs_fp32_np{n}"] = {"ratio": x["peak_vs_fp32"], "target": 0.75,
+                                                   "met": x["peak_vs_fp32"] <= 0.75}
     res["targets"] = t
     p("")
     p("Targets:")
@@ -189,7 +245,7 @@ def main():
         p(f"   {k:<32} {'met' if v['met'] else 'NOT met'}  " +
           ", ".join(f"{kk} {vv:.3f}" for kk, vv in v.items() if isinstance(vv, float)))
     p("")
-    p("Machine: " + meta.get("cpu", "?") + f", nproc {meta['nproc']}; load average {meta.get('loadavg_start')} at "
+    p("Machine: " + meta.get("cpu", "?") + f" ({meta.get('cpu_flags', '?')}), nproc {meta['nproc']}; load average {meta.get('loadavg_start')} at "
       f"start, {meta.get('loadavg_end')} at end")
     text = "\n".join(out)
     print(text)

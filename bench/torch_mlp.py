@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The PyTorch reference for bench/run_all.sh: the main job (configs/fashion_mnist_mlp.pbtxt) in PyTorch.
 
 Same model (Linear 784-512-256-10 with ReLU), same global batch (128, split over ranks), same optimizer
@@ -11,7 +11,10 @@ rank, same data (Fashion-MNIST IDX files, normalised with the same mean and std,
   RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 /usr/bin/python3 bench/torch_mlp.py ...
 
 bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16), as PyTorch's CPU AMP does; the
-master weights and the optimizer stay FP32 and no loss scaling is needed. PyTorch's CPU autocast has no fp16.
+master weights and the optimizer stay FP32 and no loss scaling is needed. fp16 (PyTorch 2.3 and later) runs under
+torch.autocast("cpu", dtype=torch.float16) with torch.amp.GradScaler("cpu"). --synthetic F replaces Fashion-MNIST
+by Gaussian data of F features and 10 classes (bench/configs/mlp_100m.pbtxt: --synthetic 4096 --hidden
+4096,4096,4096,4096,4096,4096 --global-batch 256 --lr 0.01). The JSON adds peak_rss_bytes (this rank's VmHWM).
 Measured: `repeat` windows of `steps` optimizer steps after `warmup` steps, each window from a barrier, the time
 the maximum over ranks; samples/s = steps x global batch / time. Rank 0 prints one JSON object.
 """
@@ -20,6 +23,7 @@ import gzip
 import json
 import math
 import os
+import resource
 import struct
 import sys
 import time
@@ -49,7 +53,8 @@ def find(dirname, stem):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    ap.add_argument("--synthetic", type=int, default=0, help="Gaussian data of this many features, 10 classes")
     ap.add_argument("--threads", type=int, required=True, help="torch threads per rank")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--hidden", default="512,256")
@@ -71,12 +76,18 @@ def main():
         sys.exit(f"torch_mlp.py: --global-batch {args.global_batch} is not divisible by {world} ranks")
     micro = args.global_batch // world
 
-    images = read_idx(find(args.data, "train-images-idx3-ubyte"))
-    labels = read_idx(find(args.data, "train-labels-idx1-ubyte")).astype(np.int64)
-    # The IdxDataset's normalisation: (x / 255 - mean) / std with the Fashion-MNIST training-set statistics.
-    x_all = torch.from_numpy(((images.reshape(len(images), -1).astype(np.float32) / 255.0) - 0.2860) / 0.3530)
-    y_all = torch.from_numpy(labels)
-    n = len(x_all)
+    if args.synthetic > 0:
+        g0 = torch.Generator().manual_seed(99)
+        n = 2048
+        x_all = torch.randn(n, args.synthetic, generator=g0)
+        y_all = torch.randint(0, 10, (n,), generator=g0)
+    else:
+        images = read_idx(find(args.data, "train-images-idx3-ubyte"))
+        labels = read_idx(find(args.data, "train-labels-idx1-ubyte")).astype(np.int64)
+        # The IdxDataset's normalisation: (x / 255 - mean) / std with the Fashion-MNIST training-set statistics.
+        x_all = torch.from_numpy(((images.reshape(len(images), -1).astype(np.float32) / 255.0) - 0.2860) / 0.3530)
+        y_all = torch.from_numpy(labels)
+        n = len(x_all)
 
     widths = [x_all.shape[1]] + [int(h) for h in args.hidden.split(",")] + [10]
     layers = []
@@ -97,6 +108,7 @@ def main():
         return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    scaler = torch.amp.GradScaler("cpu") if args.precision == "fp16" else None
     loss_fn = torch.nn.CrossEntropyLoss()
     steps_per_epoch = n // args.global_batch
     gen = torch.Generator().manual_seed(1234)
@@ -111,14 +123,21 @@ def main():
         pos += 1
         x, y = x_all[idx], y_all[idx]
         opt.zero_grad(set_to_none=True)
-        if args.precision == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+        if args.precision in ("bf16", "fp16"):
+            with torch.autocast("cpu", dtype=torch.bfloat16 if args.precision == "bf16" else torch.float16):
                 loss = loss_fn(model(x), y)
         else:
             loss = loss_fn(model(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        opt.step()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
         sched.step()
         return loss
 
@@ -147,7 +166,8 @@ def main():
                "threads_per_rank": torch.get_num_threads(), "global_batch": args.global_batch,
                "warmup": args.warmup, "steps": args.steps, "repeat": args.repeat, "samples_per_s": rates,
                "samples_per_s_median": float(np.median(rates)),
-               "step_s_median": float(np.median(windows)) / args.steps, "final_loss": float(loss.item())}
+               "step_s_median": float(np.median(windows)) / args.steps, "final_loss": float(loss.item()),
+               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         text = json.dumps(out, indent=2)
         print(text)
         if args.json:

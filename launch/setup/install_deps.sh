@@ -11,7 +11,7 @@ packages=(
   clang libclang-rt-14-dev
   libopenmpi-dev openmpi-bin
   libprotobuf-dev protobuf-compiler
-  libeigen3-dev libopenblas-dev
+  libeigen3-dev libdnnl-dev  # Eigen's half/bfloat16; oneDNN, the CPU backend's GEMM engine
   zlib1g-dev libxxhash-dev librandom123-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libutfcpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev

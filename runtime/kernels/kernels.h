@@ -1,6 +1,6 @@
 // The op families of the runtime, one function each, dispatched on the tensors' device.
 //
-// Implementations: kernels/cpu/ (Eigen + OpenBLAS), kernels/cuda/ when the CUDA backend is built. Each op's
+// Implementations: kernels/cpu/ (oneDNN for GEMMs, Eigen and loops for the rest), kernels/cuda/ when the CUDA backend is built. Each op's
 // per-element arithmetic comes from kernels/math.h. Shapes are row-major; "[B, N]" is B rows of N elements.
 // Every function throws ampdist::Error on a shape, dtype or device mismatch, naming the op.
 #pragma once
@@ -20,8 +20,9 @@ void cast(const Tensor& src, Tensor& dst);
 // ---- GEMM (the tensor-core contract) ------------------------------------------------------------------------
 // C = alpha * op(A) @ op(B) + beta * C (+ bias broadcast over rows), op(X) = X or X^T.
 // op(A): [M, K], op(B): [K, N], C: [M, N]; bias: [N] or undefined.
-// A and B have one dtype (fp32, fp16 or bf16); they are converted exactly to FP32, multiplied with FP32
-// accumulation (cblas_sgemm), and the result, bias included, is rounded once to C's dtype. C may be FP32 (e.g. a
+// A and B have one dtype (fp32, fp16 or bf16); they are multiplied exactly and accumulated in FP32 (the CPU backend:
+// oneDNN, natively for bf16 and after an exact conversion to FP32 for fp16, kernels/cpu/onednn.h; the CUDA
+// backend: cuBLAS), and the result, bias included, is rounded once to C's dtype. C may be FP32 (e.g. a
 // weight gradient written straight into the FP32 gradient buffer) or the inputs' dtype. beta != 0 needs FP32 C.
 // K == 0 gives C = beta * C (+ bias).
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
@@ -104,7 +105,7 @@ AbsStats abs_stats(const Tensor& x, float threshold);
 }  // namespace ampdist::kernels
 
 namespace ampdist::kernels {
-// Threads the CPU kernels (OpenBLAS) use in this process.
+// Threads the CPU kernels (oneDNN's OpenMP team) use for the calling thread's GEMMs; threads < 1 counts as 1.
 void set_num_threads(int threads);
 int num_threads();
 }  // namespace ampdist::kernels

@@ -67,6 +67,9 @@ GptModel::GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed
       lin->weight().init_bound *= scale;
       lin->bias()->init_bound *= scale;
     }
+    // Each LayerNorm's output goes only to the GEMM after it: stored in that GEMM's dtype (16 bits under autocast).
+    b->ln_1->set_output_dtype(b->attn->c_attn().compute_dtype());
+    b->ln_2->set_output_dtype(b->c_fc->compute_dtype());
     blocks_.push_back(std::move(b));
   }
   ln_f_ = std::make_unique<LayerNorm>("ln_f", C);
@@ -77,6 +80,7 @@ GptModel::GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed
     lm_head_->weight().init_bound *= scale;
     head_dtype_ = lm_head_->compute_dtype();
   }
+  ln_f_->set_output_dtype(head_dtype_);
   resid_.resize(2 * blocks_.size() + 1);
 }
 
@@ -208,7 +212,8 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
     kernels::gemm(*dl, false, wte.weights_for(head_dtype_), false, dh_);
     dh = &dh_;
   }
-  copy_fp32(ln_f_->backward(*dh, ctx), dresid_);
+  dresid_.ensure(resid_.back().shape(), DType::kFloat32, resid_.back().device());
+  ln_f_->backward_into(*dh, ctx, dresid_, false);
   const bool drop = training_ && cfg_.dropout() > 0.0f;
   auto branch_grad = [&](uint32_t site) -> const Tensor& {
     if (!drop) return dresid_;
@@ -219,9 +224,9 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
   for (size_t l = blocks_.size(); l-- > 0;) {
     Block& b = *blocks_[l];
     const Tensor& dm = b.c_fc->backward(b.gelu->backward(b.c_proj->backward(branch_grad(2 + 2 * l), ctx), ctx), ctx);
-    kernels::add_inplace(dresid_, b.ln_2->backward(dm, ctx));
+    b.ln_2->backward_into(dm, ctx, dresid_, true);
     const Tensor& da = b.attn->backward(branch_grad(1 + 2 * l), ctx);
-    kernels::add_inplace(dresid_, b.ln_1->backward(da, ctx));
+    b.ln_1->backward_into(da, ctx, dresid_, true);
   }
   dropout(dresid_, 0);
   emb_->set_keep_token_grad(!lm_head_);

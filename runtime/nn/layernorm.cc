@@ -27,7 +27,7 @@ const Tensor& LayerNorm::forward(const Tensor& x) {
     throw Error("LayerNorm " + name() + ": input " + shape_str(x.shape()) + ", expected [N, " +
                 std::to_string(channels_) + "]");
   x_ = x;
-  y_.ensure(x.shape(), DType::kFloat32, x.device());
+  y_.ensure(x.shape(), out_dtype_, x.device());
   mean_.ensure({x.dim(0)}, DType::kFloat32, x.device());
   rstd_.ensure({x.dim(0)}, DType::kFloat32, x.device());
   // Gain and bias are read from the FP32 master weights: the op runs in FP32 whatever the working dtype.
@@ -37,13 +37,17 @@ const Tensor& LayerNorm::forward(const Tensor& x) {
 
 const Tensor& LayerNorm::backward(const Tensor& dy, GradContext& ctx) {
   dx_.ensure(x_.shape(), DType::kFloat32, x_.device());
-  kernels::layernorm_backward(x_, weight_.master, mean_, rstd_, dy, dx_, false, weight_.grad, bias_.grad,
+  backward_into(dy, ctx, dx_, false);
+  return dx_;
+}
+
+void LayerNorm::backward_into(const Tensor& dy, GradContext& ctx, Tensor& dx, bool accumulate) {
+  kernels::layernorm_backward(x_, weight_.master, mean_, rstd_, dy, dx, accumulate, weight_.grad, bias_.grad,
                               ctx.accumulate);
   if (ctx.on_grad_ready) {
     ctx.on_grad_ready(weight_);
     ctx.on_grad_ready(bias_);
   }
-  return dx_;
 }
 
 }  // namespace ampdist

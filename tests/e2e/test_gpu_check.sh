@@ -40,7 +40,7 @@ grep -q '^gpu_bundle: selfcheck: [0-9]* ELF files, every library resolved within
   { not_ok "self-check during the build" "no success line"; show "$TMP/bundle.log"; }
 grep -q "^gpu_bundle: $BUNDLE: [0-9.]*[KMG]$" "$TMP/bundle.log" && ok "the bundle states its size" ||
   { not_ok "bundle size" "no size line"; show "$TMP/bundle.log"; }
-for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libopenblas.so.0 libmpi.so.40 libprotobuf.so.32; do
+for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2 libdnnl.so.2 libgomp.so.1 libmpi.so.40 libprotobuf.so.32; do
   [ -f "$BUNDLE/lib/$lib" ] || not_ok "carried $lib" "missing from $BUNDLE/lib"
 done
 if readelf -d "$BUNDLE/bin/ampdist" | grep -q 'libcudart'; then

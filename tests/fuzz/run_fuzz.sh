@@ -17,7 +17,7 @@
 # parallelism, default the core count), FUZZ_CXX / FUZZ_CC (default clang++ / clang). The harnesses also read
 # AMPDIST_FUZZ_SCRATCH (set here) and, fuzz_config, AMPDIST_FUZZ_OVERRIDE_ORACLE (see fuzz_config.cc).
 # Needs (Debian 12): clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes), plus the main build's
-# libraries (libprotobuf-dev protobuf-compiler zlib1g-dev libxxhash-dev libopenblas-dev libeigen3-dev
+# libraries (libprotobuf-dev protobuf-compiler zlib1g-dev libxxhash-dev libdnnl-dev libeigen3-dev
 # librandom123-dev).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2

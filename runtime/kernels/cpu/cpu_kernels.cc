@@ -1,17 +1,19 @@
-// CPU backend of kernels.h: OpenBLAS for GEMMs, plain loops over kernels/math.h for everything element-wise.
-#include <cblas.h>
-#if defined(__AVX__)
+// CPU backend of kernels.h: oneDNN for GEMMs (cpu/onednn.h), loops over kernels/math.h for everything element-wise.
 #include <immintrin.h>
-#endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
 #include "runtime/kernels/checks.h"
+#include "runtime/kernels/cpu/isa.h"
+#include "runtime/kernels/cpu/onednn.h"
+#include "runtime/kernels/cpu/parallel.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/math.h"
 
@@ -32,10 +34,13 @@ template <typename T> inline float to_f(T x) { return static_cast<float>(x); }
 template <typename T> inline T from_f(float x) { return static_cast<T>(x); }
 
 // dst[0..n) = src[0..n) converted, through Eigen's vectorised casts (F16C / AVX packets where the build has them).
+// Split over the rank's threads (parallel.h) for large buffers: each element's conversion is the same.
 template <typename S, typename D>
 void convert(const S* src, D* dst, int64_t n) {
-  Eigen::Map<Eigen::Array<D, Eigen::Dynamic, 1>>(dst, n) =
-      Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(src, n).template cast<D>();
+  parallel_ranges(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    Eigen::Map<Eigen::Array<D, Eigen::Dynamic, 1>>(dst + b, e - b) =
+        Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(src + b, e - b).template cast<D>();
+  });
 }
 
 // Converts a 16-bit (or FP32) host tensor to a FP32 scratch buffer owned by the calling thread, or returns its
@@ -85,8 +90,44 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const GemmShape shape = check_gemm(a, trans_a, b, trans_b, c, beta, bias);
   const int64_t m = shape.m, n = shape.n, k = shape.k;
   if (m == 0 || n == 0) return;
-
   thread_local std::vector<float> sa, sb, sc, sbias;
+
+  if (a.dtype() == DType::kBFloat16 && k > 0) {
+    // oneDNN's bf16 matmul: exact products, FP32 accumulation, the bias added in FP32 and one rounding into C.
+    // It scales the bias with alpha, so with alpha != 1 the bias is added to an FP32 result here instead.
+    const bool bias_in_engine = bias && alpha == 1.0f && bias->dtype() != DType::kFloat16;
+    const bool fp32_first = bias && !bias_in_engine && c.dtype() != DType::kFloat32;
+    onednn::Matmul mm;
+    mm.m = m;
+    mm.n = n;
+    mm.k = k;
+    mm.ab_dtype = DType::kBFloat16;
+    mm.c_dtype = fp32_first ? DType::kFloat32 : c.dtype();
+    mm.bias_dtype = bias_in_engine ? bias->dtype() : DType::kFloat32;
+    mm.a_stride[1] = trans_a ? 1 : a.dim(1);
+    mm.a_stride[2] = trans_a ? a.dim(1) : 1;
+    mm.b_stride[1] = trans_b ? 1 : b.dim(1);
+    mm.b_stride[2] = trans_b ? b.dim(1) : 1;
+    mm.c_stride[1] = n;
+    mm.c_stride[2] = 1;
+    mm.alpha = alpha;
+    mm.beta = beta;
+    if (fp32_first) sc.resize(std::max<size_t>(sc.size(), c.numel()));
+    float* fc = fp32_first ? sc.data() : nullptr;
+    onednn::matmul(mm, a.data(), b.data(), fp32_first ? static_cast<void*>(fc) : c.data(),
+                   bias_in_engine ? bias->data() : nullptr);
+    if (bias && !bias_in_engine) {
+      const float* fbias = as_fp32(*bias, sbias);
+      float* out = fp32_first ? fc : c.data_as<float>();
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) out[i * n + j] += fbias[j];
+      if (fp32_first) convert(fc, static_cast<bfloat16*>(c.data()), m * n);
+    }
+    return;
+  }
+
+  // FP32 (fp16 and bf16 converted exactly): oneDNN's sgemm. The bias is written into C first and sgemm adds the
+  // product to it (beta 1), so acc + bias is rounded once inside the kernel.
   const float* fa = as_fp32(a, sa);
   const float* fb = as_fp32(b, sb);
   float* fc;
@@ -96,17 +137,24 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     sc.resize(std::max<size_t>(sc.size(), c.numel()));
     fc = sc.data();
   }
-  if (k == 0) {
-    for (int64_t i = 0; i < m * n; ++i) fc[i] = beta == 0.0f ? 0.0f : beta * fc[i];
-  } else {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, fa,
-                static_cast<int>(a.dim(1)), fb, static_cast<int>(b.dim(1)), beta, fc, static_cast<int>(n));
-  }
+  float beta_eff = beta;
   if (bias) {
     const float* fbias = as_fp32(*bias, sbias);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) fc[i * n + j] += fbias[j];
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = fc + i * n;
+      if (beta == 0.0f) {
+        std::memcpy(row, fbias, static_cast<size_t>(n) * sizeof(float));
+      } else {
+        for (int64_t j = 0; j < n; ++j) row[j] = beta * row[j] + fbias[j];
+      }
+    }
+    beta_eff = 1.0f;
+  }
+  if (k == 0) {
+    if (!bias)
+      for (int64_t i = 0; i < m * n; ++i) fc[i] = beta == 0.0f ? 0.0f : beta * fc[i];
+  } else {
+    onednn::sgemm(trans_a, trans_b, m, n, k, alpha, fa, a.dim(1), fb, b.dim(1), beta_eff, fc, n);
   }
   if (c.dtype() != DType::kFloat32) {
     dispatch_dtype(c.dtype(), [&](auto tag) {
@@ -126,8 +174,11 @@ void sum_rows(const Tensor& x, Tensor& out, float beta) {
   dispatch_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(x.data());
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) o[j] += to_f(p[i * cols + j]);
+    // Column blocks over the threads; each column still sums its rows in order (bitwise the serial result).
+    parallel_ranges(cols, 256, [&](int64_t jb, int64_t je) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = jb; j < je; ++j) o[j] += to_f(p[i * cols + j]);
+    });
   });
 }
 
@@ -141,7 +192,9 @@ void unary(const char* op, const Tensor& x, Tensor& y, F f) {
     using T = decltype(tag);
     const T* px = static_cast<const T*>(x.data());
     T* py = static_cast<T*>(y.data());
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) py[i] = from_f<T>(f(to_f(px[i])));
+    parallel_ranges(x.numel(), 8192, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) py[i] = from_f<T>(f(to_f(px[i])));
+    });
   });
 }
 template <typename F>
@@ -155,7 +208,9 @@ void binary(const char* op, const Tensor& x, const Tensor& dy, Tensor& dx, F f) 
     const T* px = static_cast<const T*>(x.data());
     const T* pdy = static_cast<const T*>(dy.data());
     T* pdx = static_cast<T*>(dx.data());
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) pdx[i] = from_f<T>(f(to_f(px[i]), to_f(pdy[i])));
+    parallel_ranges(x.numel(), 8192, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) pdx[i] = from_f<T>(f(to_f(px[i]), to_f(pdy[i])));
+    });
   });
 }
 }  // namespace
@@ -164,8 +219,66 @@ void relu_forward(const Tensor& x, Tensor& y) { unary("relu", x, y, [](float v) 
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   binary("relu_backward", y, dy, dx, [](float v, float d) { return math::relu_backward(v, d); });
 }
-void gelu_forward(const Tensor& x, Tensor& y) { unary("gelu", x, y, [](float v) { return math::gelu(v); }); }
+namespace {
+// GELU of a 16-bit input has 65536 possible inputs: tables of math::gelu rounded to T, and of math::gelu_backward's
+// factor D(x) (gelu_backward(x, dy) = dy * D(x), the formula's last operation), computed once from the formulas,
+// give bitwise the same results as evaluating them per element, without an expf per element.
+template <typename T>
+struct GeluTables {
+  std::vector<T> y;
+  std::vector<float> d;
+  GeluTables() : y(65536), d(65536) {
+    for (uint32_t b = 0; b < 65536; ++b) {
+      const float x = to_f(Eigen::numext::bit_cast<T>(static_cast<uint16_t>(b)));
+      y[b] = from_f<T>(math::gelu(x));
+      d[b] = math::gelu_backward(x, 1.0f);
+    }
+  }
+  static const GeluTables& get() {
+    static const GeluTables t;
+    return t;
+  }
+};
+template <typename T>
+uint16_t bits_of(T v) {
+  return Eigen::numext::bit_cast<uint16_t>(v);
+}
+}  // namespace
+
+void gelu_forward(const Tensor& x, Tensor& y) {
+  if (x.dtype() != DType::kFloat32 && x.dtype() == y.dtype() && x.numel() == y.numel() && x.device() == Device::kCPU) {
+    dispatch_dtype(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, float>) {
+        const T* px = static_cast<const T*>(x.data());
+        T* py = static_cast<T*>(y.data());
+        const T* table = GeluTables<T>::get().y.data();
+        parallel_ranges(x.numel(), 8192, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) py[i] = table[bits_of(px[i])];
+        });
+      }
+    });
+    return;
+  }
+  unary("gelu", x, y, [](float v) { return math::gelu(v); });
+}
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  if (x.dtype() != DType::kFloat32 && x.dtype() == dy.dtype() && x.dtype() == dx.dtype() &&
+      x.numel() == dy.numel() && x.numel() == dx.numel() && x.device() == Device::kCPU) {
+    dispatch_dtype(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (!std::is_same_v<T, float>) {
+        const T* px = static_cast<const T*>(x.data());
+        const T* pdy = static_cast<const T*>(dy.data());
+        T* pdx = static_cast<T*>(dx.data());
+        const float* table = GeluTables<T>::get().d.data();
+        parallel_ranges(x.numel(), 8192, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) pdx[i] = from_f<T>(to_f(pdy[i]) * table[bits_of(px[i])]);
+        });
+      }
+    });
+    return;
+  }
   binary("gelu_backward", x, dy, dx, [](float v, float d) { return math::gelu_backward(v, d); });
 }
 
@@ -248,21 +361,68 @@ int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets) {
   return correct;
 }
 
+namespace isa {
+namespace {
+bool cpu_has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+std::atomic<bool> g_avx512{std::getenv("AMPDIST_NO_AVX512") == nullptr};
+}  // namespace
+bool avx512() { return g_avx512.load(std::memory_order_relaxed) && cpu_has_avx512(); }
+void set_avx512_enabled(bool enabled) { g_avx512.store(enabled, std::memory_order_relaxed); }
+}  // namespace isa
+
+namespace avx512 {
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized misreads.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// unscale_and_check's vector loop on AVX-512: the same 16 lanes (lane = index % 16, lanes 0-7 in the first double
+// register, 8-15 in the second), the same float multiply, finiteness test and double multiply-then-add per lane as
+// the AVX2 loop, so acc[] is bitwise what that loop leaves. Returns the number of elements done (a multiple of 16).
+__attribute__((target("avx512f,avx512dq"))) int64_t unscale_lanes(float* g, int64_t n, float inv_scale,
+                                                                   double* acc, int* bad) {
+  const __m512 vinv = _mm512_set1_ps(inv_scale), zero = _mm512_setzero_ps();
+  __m512d lo_acc = _mm512_loadu_pd(acc), hi_acc = _mm512_loadu_pd(acc + 8);
+  __mmask16 badm = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(g + i), vinv);
+    _mm512_storeu_ps(g + i, v);
+    const __m512 d = _mm512_sub_ps(v, v);  // math::is_finite
+    const __mmask16 finite = _mm512_cmp_ps_mask(d, zero, _CMP_EQ_OQ);
+    badm |= _mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ);
+    const __m512 vf = _mm512_maskz_mov_ps(finite, v);  // non-finite elements add 0
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(vf));
+    const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(vf, 1));
+    lo_acc = _mm512_add_pd(lo_acc, _mm512_mul_pd(lo, lo));
+    hi_acc = _mm512_add_pd(hi_acc, _mm512_mul_pd(hi, hi));
+  }
+  _mm512_storeu_pd(acc, lo_acc);
+  _mm512_storeu_pd(acc + 8, hi_acc);
+  *bad |= badm != 0;
+  return i;
+}
+#pragma GCC diagnostic pop
+}  // namespace avx512
+
 UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
   require_cpu("unscale_and_check", grads);
   float* g = grads.data_as<float>();
   const int64_t n = grads.numel();
   // Sixteen independent partial sums (lane = index % 16), added in a fixed order at the end. One serial chain of
   // double additions holds the pass to one element per add latency (about 4 cycles), several times below memory
-  // bandwidth, and strict FP semantics (no -ffast-math) forbid the compiler from splitting it. The AVX path and the
-  // portable loop use the same lanes, the same operations (multiply, then add: no FMA) and the same final order,
+  // bandwidth, and strict FP semantics (no -ffast-math) forbid the compiler from splitting it. The AVX-512 path
+  // (chosen at run time), the AVX path and the portable loop use the same lanes, the same operations (multiply, then add: no FMA) and the same final order,
   // so the sum is bitwise the same on every build, run and rank.
   constexpr int kLanes = 16;
   alignas(32) double acc[kLanes] = {};
   int bad = 0;
   int64_t i = 0;
+  if (isa::avx512()) i = avx512::unscale_lanes(g, n, inv_scale, acc, &bad);
 #if defined(__AVX__)
-  {
+  else {
     const __m256 vinv = _mm256_set1_ps(inv_scale), zero = _mm256_setzero_ps();
     __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
     __m256 badv = zero;
@@ -355,7 +515,9 @@ void sum_squares(const Tensor& x, double* out) { *out = sum_squares(x); }
 void scale_inplace(Tensor& x, float factor) {
   require_cpu("scale_inplace", x);
   float* p = x.data_as<float>();
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] *= factor;
+  parallel_ranges(x.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) p[i] *= factor;
+  });
 }
 
 void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& args, const StepGate* gate) {
@@ -390,9 +552,11 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
     float* __restrict pb = buf;
     const float lr = p.lr, momentum = p.momentum, dampening = p.dampening;
     const float wd = decltype(decay)::value ? p.weight_decay : 0.0f;
-    for (int64_t i = 0; i < n; ++i)
-      math::sgd_update(pw[i], pg[i] * clip, pb[i], lr, momentum, dampening, decltype(nesterov)::value, wd,
-                       decltype(first)::value);
+    parallel_ranges(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        math::sgd_update(pw[i], pg[i] * clip, pb[i], lr, momentum, dampening, decltype(nesterov)::value, wd,
+                         decltype(first)::value);
+    });
   };
   using T = std::true_type;
   using F = std::false_type;
@@ -429,13 +593,11 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
   const float* g = grads.data_as<float>();
   float* pm = m.data_as<float>();
   float* pv = v.data_as<float>();
-  for (int64_t i = 0, n = params.numel(); i < n; ++i)
-    math::adamw_update(w[i], g[i] * clip, pm[i], pv[i], lr, b1, omb1, b2, omb2, eps, p.weight_decay, bc1, bc2_sqrt);
+  parallel_ranges(params.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      math::adamw_update(w[i], g[i] * clip, pm[i], pv[i], lr, b1, omb1, b2, omb2, eps, p.weight_decay, bc1, bc2_sqrt);
+  });
 }
 
 }  // namespace ampdist::kernels::cpu
 
-namespace ampdist::kernels {
-void set_num_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
-int num_threads() { return openblas_get_num_threads(); }
-}  // namespace ampdist::kernels

@@ -1,4 +1,5 @@
-// CPU backend of kernels/transformer.h (kernels/transformer_dispatch.cc picks it for host tensors): plain loops over kernels/math.h, FP32 arithmetic throughout. Inputs of
+// CPU backend of kernels/transformer.h (kernels/transformer_dispatch.cc picks it for host tensors): attention's
+// products on oneDNN (batched matmuls), loops over kernels/math.h for the rest, FP32 arithmetic throughout. Inputs of
 // 16-bit dtypes are converted exactly to FP32 scratch buffers owned by the calling thread (sized once, reused), and
 // results are rounded once to the output's dtype.
 #include <algorithm>
@@ -6,9 +7,12 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/core/rng.h"
+#include "runtime/kernels/cpu/onednn.h"
+#include "runtime/kernels/cpu/parallel.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/math.h"
 #include "runtime/kernels/transformer.h"
@@ -60,13 +64,15 @@ void embedding_forward(std::span<const int32_t> tokens, int64_t seq_len, const T
   const float* te = wte.data_as<float>();
   const float* pe = wpe.data_as<float>();
   float* y = out.data_as<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    const int32_t tok = tokens[static_cast<size_t>(r)];
-    const float* a = te + static_cast<int64_t>(tok) * c;
-    const float* b = pe + (r % seq_len) * c;
-    float* o = y + r * c;
-    for (int64_t j = 0; j < c; ++j) o[j] = a[j] + b[j];
-  }
+  parallel_ranges(n, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int32_t tok = tokens[static_cast<size_t>(r)];
+      const float* a = te + static_cast<int64_t>(tok) * c;
+      const float* b = pe + (r % seq_len) * c;
+      float* o = y + r * c;
+      for (int64_t j = 0; j < c; ++j) o[j] = a[j] + b[j];
+    }
+  });
 }
 
 void embedding_backward(std::span<const int32_t> tokens, int64_t seq_len, const Tensor& dout, Tensor& dwte,
@@ -107,19 +113,22 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   float* mp = mean.data_as<float>();
   float* rp = rstd.data_as<float>();
   const float inv_c = 1.0f / static_cast<float>(c);
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = xp + r * c;
-    float s = 0.0f;
-    for (int64_t j = 0; j < c; ++j) s += xr[j];
-    const float m = s * inv_c;
-    float v = 0.0f;  // two passes: no cancellation from E[x^2] - E[x]^2
-    for (int64_t j = 0; j < c; ++j) v += (xr[j] - m) * (xr[j] - m);
-    const float rs = math::layernorm_rstd(v * inv_c, eps);
-    mp[r] = m;
-    rp[r] = rs;
-    float* yr = yp + r * c;
-    for (int64_t j = 0; j < c; ++j) yr[j] = math::layernorm(xr[j], m, rs, gp[j], bp[j]);
-  }
+  // Rows over the threads; each row's sums run in column order as before (bitwise the serial result).
+  parallel_ranges(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      float s = 0.0f;
+      for (int64_t j = 0; j < c; ++j) s += xr[j];
+      const float m = s * inv_c;
+      float v = 0.0f;  // two passes: no cancellation from E[x^2] - E[x]^2
+      for (int64_t j = 0; j < c; ++j) v += (xr[j] - m) * (xr[j] - m);
+      const float rs = math::layernorm_rstd(v * inv_c, eps);
+      mp[r] = m;
+      rp[r] = rs;
+      float* yr = yp + r * c;
+      for (int64_t j = 0; j < c; ++j) yr[j] = math::layernorm(xr[j], m, rs, gp[j], bp[j]);
+    }
+  });
   store(y, yp);
 }
 
@@ -142,153 +151,269 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
     std::fill(db, db + c, 0.0f);
   }
   const float inv_c = 1.0f / static_cast<float>(c);
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = xp + r * c;
-    const float* dyr = gp + r * c;
-    const float m = mp[r], rs = rp[r];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int64_t j = 0; j < c; ++j) {
-      const float xhat = (xr[j] - m) * rs;
-      const float g = dyr[j] * gam[j];
-      sum_g += g;
-      sum_gx += g * xhat;
-      dg[j] += dyr[j] * xhat;
-      db[j] += dyr[j];
+  // dx: rows over the threads, each row's two sums in column order as before.
+  parallel_ranges(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = gp + r * c;
+      const float m = mp[r], rs = rp[r];
+      float sum_g = 0.0f, sum_gx = 0.0f;
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        const float g = dyr[j] * gam[j];
+        sum_g += g;
+        sum_gx += g * xhat;
+      }
+      const float mean_g = sum_g * inv_c, mean_gx = sum_gx * inv_c;
+      float* dxr = dxp + r * c;
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        const float d = math::layernorm_backward(dyr[j] * gam[j], xhat, mean_g, mean_gx, rs);
+        dxr[j] = accumulate_dx ? dxr[j] + d : d;
+      }
     }
-    const float mean_g = sum_g * inv_c, mean_gx = sum_gx * inv_c;
-    float* dxr = dxp + r * c;
-    for (int64_t j = 0; j < c; ++j) {
-      const float xhat = (xr[j] - m) * rs;
-      const float d = math::layernorm_backward(dyr[j] * gam[j], xhat, mean_g, mean_gx, rs);
-      dxr[j] = accumulate_dx ? dxr[j] + d : d;
+  });
+  // dgamma, dbeta: column blocks over the threads, each column summed over the rows in row order.
+  parallel_ranges(c, 64, [&](int64_t j0, int64_t j1) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = gp + r * c;
+      const float m = mp[r], rs = rp[r];
+      for (int64_t j = j0; j < j1; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        dg[j] += dyr[j] * xhat;
+        db[j] += dyr[j];
+      }
     }
-  }
+  });
 }
 
 // ---- attention -------------------------------------------------------------------------------------------------
+//
+// One window at a time: its heads are repacked into contiguous [H, T, hs] blocks (oneDNN's brgemm takes those; the
+// strided columns of qkv would send it to a slower kernel), then q k^T, p v and the four backward products are
+// batched matmuls over the H heads. Operands are bf16 where both are bf16 (native, FP32 accumulation), else FP32
+// (fp16 converted exactly). Scores, softmax, probabilities and their gradient stay FP32; the full T x T products are
+// computed and the causal and key masks are applied in the softmax (masked probabilities are exact zeros, so
+// they add nothing to p v or to the gradients).
 
+namespace {
+
+// The engine dtype of a product of two operands held in dtypes x and y.
+DType engine_dtype(DType x, DType y) {
+  return x == DType::kBFloat16 && y == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
+}
+
+// A buffer of n elements of dtype d, grown once to the largest request.
+struct Scratch {
+  std::vector<float> buf;
+  void* get(int64_t n, DType d) {
+    const size_t words = (static_cast<size_t>(n) * dtype_size(d) + 3) / 4;
+    if (buf.size() < words) buf.resize(words);
+    return buf.data();
+  }
+};
+
+// dst[h, t, e] = src[t * ld + col + h * hs + e] for one window's T rows, converted from src_dtype to dst_dtype
+// (exact: the pairs used are equal dtypes, or 16-bit to FP32).
+void gather_heads(const void* src, DType src_dtype, int64_t ld, int64_t col, int64_t T, int64_t H, int64_t hs,
+                  void* dst, DType dst_dtype) {
+  dispatch_dtype(src_dtype, [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_dtype(dst_dtype, [&](auto dtag) {
+      using D = decltype(dtag);
+      const S* s = static_cast<const S*>(src);
+      D* d = static_cast<D*>(dst);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const S* row = s + t * ld + col + h * hs;
+          D* out = d + (h * T + t) * hs;
+          if constexpr (std::is_same_v<S, D>) {
+            std::memcpy(out, row, static_cast<size_t>(hs) * sizeof(S));
+          } else {
+            for (int64_t e = 0; e < hs; ++e) out[e] = static_cast<D>(static_cast<float>(row[e]));
+          }
+        }
+    });
+  });
+}
+
+// The inverse: dst[t * ld + col + h * hs + e] = src[h, t, e], FP32 or dst's dtype, rounded once to dst_dtype.
+void scatter_heads(const void* src, DType src_dtype, int64_t T, int64_t H, int64_t hs, void* dst, DType dst_dtype,
+                   int64_t ld, int64_t col) {
+  dispatch_dtype(src_dtype, [&](auto stag) {
+    using S = decltype(stag);
+    dispatch_dtype(dst_dtype, [&](auto dtag) {
+      using D = decltype(dtag);
+      const S* s = static_cast<const S*>(src);
+      D* d = static_cast<D*>(dst);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const S* in = s + (h * T + t) * hs;
+          D* row = d + t * ld + col + h * hs;
+          if constexpr (std::is_same_v<S, D>) {
+            std::memcpy(row, in, static_cast<size_t>(hs) * sizeof(S));
+          } else {
+            for (int64_t e = 0; e < hs; ++e) row[e] = static_cast<D>(static_cast<float>(in[e]));
+          }
+        }
+    });
+  });
+}
+
+// c[h] = alpha * op(a[h]) op(b[h]) for h < H, contiguous blocks: a [H, m, k] ([H, k, m] when ta), b [H, k, n]
+// ([H, n, k] when tb), c [H, m, n].
+void batched_matmul(int64_t H, int64_t m, int64_t n, int64_t k, DType ab, const void* a, bool ta, const void* b,
+                    bool tb, DType c_dtype, void* c, float alpha = 1.0f) {
+  onednn::Matmul mm;
+  mm.batch = H;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.ab_dtype = ab;
+  mm.c_dtype = c_dtype;
+  mm.a_stride[0] = m * k;
+  mm.a_stride[1] = ta ? 1 : k;
+  mm.a_stride[2] = ta ? m : 1;
+  mm.b_stride[0] = k * n;
+  mm.b_stride[1] = tb ? 1 : n;
+  mm.b_stride[2] = tb ? k : 1;
+  mm.c_stride[0] = m * n;
+  mm.c_stride[1] = n;
+  mm.c_stride[2] = 1;
+  mm.alpha = alpha;
+  onednn::matmul(mm, a, b, c);
+}
+
+// p[0..T) rounded to `dtype` (round to nearest even) into out, which holds `engine` values (bf16 or FP32).
+void round_row(const float* p, int64_t T, DType dtype, void* out, DType engine) {
+  if (engine == DType::kBFloat16) {  // Eigen's vectorised conversion: the same rounding as bfloat16(x)
+    Eigen::Map<Eigen::Array<bfloat16, Eigen::Dynamic, 1>>(static_cast<bfloat16*>(out), T) =
+        Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>>(p, T).cast<bfloat16>();
+  } else if (dtype == DType::kFloat32) {
+    std::memcpy(out, p, static_cast<size_t>(T) * sizeof(float));
+  } else {
+    float* o = static_cast<float*>(out);
+    for (int64_t j = 0; j < T; ++j) o[j] = round_to(p[j], dtype);
+  }
+}
+
+const char* bytes_at(const Tensor& t, int64_t element) {
+  return static_cast<const char*>(t.data()) + element * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+char* bytes_at(Tensor& t, int64_t element) {
+  return static_cast<char*>(t.data()) + element * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+}  // namespace
 
 void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
                        DType pv_dtype, Tensor& probs, Tensor& out) {
   checks::attention_forward(qkv, s, key_mask, probs, out, Device::kCPU);
   const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
-  thread_local std::vector<float> qs, os, row, acc, kt, vh, pr;
-  const float* q = fp32_of(qkv, qs);
-  float* o = fp32_out(out, os);
-  float* pp = probs.data_as<float>();
-  row.resize(static_cast<size_t>(T));
-  pr.resize(static_cast<size_t>(T));
-  acc.resize(static_cast<size_t>(hs));
-  kt.resize(static_cast<size_t>(hs * T));  // this head's keys transposed, [hs, T]: score loops run along j
-  vh.resize(static_cast<size_t>(T * hs));  // this head's values, [T, hs]
+  const DType dq = qkv.dtype();
+  const DType g_qk = engine_dtype(dq, dq), g_pv = engine_dtype(pv_dtype, dq);
+  // p v writes straight into a bf16 output; otherwise FP32, rounded once when scattered into out.
+  const DType o_dtype = g_pv == DType::kBFloat16 && out.dtype() == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t ld = 3 * C;
-  float* srow = row.data();
-  float* prow = pr.data();
-  float* a = acc.data();
-  float* K = kt.data();
-  float* Vh = vh.data();
-  for (int64_t b = 0; b < B; ++b) {
-    const uint8_t* mask = key_mask.empty() ? nullptr : key_mask.data() + b * T;
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t j = 0; j < T; ++j) {
-        const float* kj = q + (b * T + j) * ld + C + h * hs;
-        const float* vj = q + (b * T + j) * ld + 2 * C + h * hs;
-        for (int64_t e = 0; e < hs; ++e) {
-          K[e * T + j] = kj[e];
-          Vh[j * hs + e] = vj[e];
+  float* pp = probs.data_as<float>();
+  const size_t pr_es = dtype_size(g_pv);
+  // Windows over the threads (each with its own scratch; oneDNN then runs each product on its calling thread),
+  // or, for a single window, one window with oneDNN's threads.
+  parallel_ranges(B, 1, [&](int64_t b0, int64_t b1) {
+    thread_local Scratch sq, sk, sv, ss, sp, so;
+    void* qh = sq.get(H * T * hs, g_qk);
+    void* kh = sk.get(H * T * hs, g_qk);
+    void* vh = sv.get(H * T * hs, g_pv);
+    float* scores = static_cast<float*>(ss.get(H * T * T, DType::kFloat32));
+    void* pr = sp.get(H * T * T, g_pv);
+    void* oh = so.get(H * T * hs, o_dtype);
+    for (int64_t b = b0; b < b1; ++b) {
+      const char* slab = bytes_at(qkv, b * T * ld);
+      gather_heads(slab, dq, ld, 0, T, H, hs, qh, g_qk);
+      gather_heads(slab, dq, ld, C, T, H, hs, kh, g_qk);
+      gather_heads(slab, dq, ld, 2 * C, T, H, hs, vh, g_pv);
+      batched_matmul(H, T, T, hs, g_qk, qh, false, kh, true, DType::kFloat32, scores, scale);
+      const uint8_t* mask = key_mask.empty() ? nullptr : key_mask.data() + b * T;
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t i = 0; i < T; ++i) {
+          const float* srow = scores + (h * T + i) * T;
+          float* p = pp + ((b * H + h) * T + i) * T;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j <= i; ++j)
+            if (!mask || mask[j]) mx = std::max(mx, srow[j]);
+          float sum = 0.0f;
+          for (int64_t j = 0; j < T; ++j) {
+            const bool allowed = j <= i && (!mask || mask[j]);
+            p[j] = allowed ? math::softmax_exp(srow[j], mx) : 0.0f;
+            sum += p[j];
+          }
+          const float inv = math::softmax_inv_sum(sum);
+          for (int64_t j = 0; j < T; ++j) p[j] *= inv;
+          round_row(p, T, pv_dtype, static_cast<char*>(pr) + (h * T + i) * T * pr_es, g_pv);
         }
       }
-      for (int64_t i = 0; i < T; ++i) {
-        const float* qi = q + (b * T + i) * ld + h * hs;
-        float* p = pp + ((b * H + h) * T + i) * T;
-        std::fill(srow, srow + i + 1, 0.0f);
-        for (int64_t e = 0; e < hs; ++e) {
-          const float qe = qi[e];
-          const float* ke = K + e * T;
-          for (int64_t j = 0; j <= i; ++j) srow[j] += qe * ke[j];
-        }
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          srow[j] *= scale;
-          if (!mask || mask[j]) mx = std::max(mx, srow[j]);
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < T; ++j) {
-          const bool allowed = j <= i && (!mask || mask[j]);
-          p[j] = allowed ? math::softmax_exp(srow[j], mx) : 0.0f;
-          sum += p[j];
-        }
-        const float inv = math::softmax_inv_sum(sum);
-        for (int64_t j = 0; j < T; ++j) {
-          p[j] *= inv;
-          prow[j] = round_to(p[j], pv_dtype);
-        }
-        std::fill(a, a + hs, 0.0f);
-        for (int64_t j = 0; j <= i; ++j) {
-          const float pj = prow[j];
-          const float* vj = Vh + j * hs;
-          for (int64_t e = 0; e < hs; ++e) a[e] += pj * vj[e];
-        }
-        float* oi = o + (b * T + i) * C + h * hs;
-        for (int64_t e = 0; e < hs; ++e) oi[e] = a[e];
-      }
+      batched_matmul(H, T, hs, T, g_pv, pr, false, vh, false, o_dtype, oh);
+      scatter_heads(oh, o_dtype, T, H, hs, bytes_at(out, b * T * C), out.dtype(), C, 0);
     }
-  }
-  store(out, o);
+  });
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionShape& s, DType pv_dtype,
                         const Tensor& dout, Tensor& dqkv) {
   checks::attention_backward(qkv, probs, s, dout, dqkv, Device::kCPU);
   const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
-  thread_local std::vector<float> qs, gs, ds, dp;
-  const float* q = fp32_of(qkv, qs);
-  const float* g = fp32_of(dout, gs);
-  ds.assign(static_cast<size_t>(B * T * 3 * C), 0.0f);  // capacity kept: assign reuses it after the first step
-  float* d = ds.data();
-  dp.resize(static_cast<size_t>(T));
+  const DType dq = qkv.dtype(), dg = dout.dtype();
+  const DType g_dv = engine_dtype(pv_dtype, dg), g_dp = engine_dtype(dg, dq);
   const float* pp = probs.data_as<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t ld = 3 * C;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t i = 0; i < T; ++i) {
-        const float* p = pp + ((b * H + h) * T + i) * T;
-        const float* gi = g + (b * T + i) * C + h * hs;
-        const float* qi = q + (b * T + i) * ld + h * hs;
-        float* dqi = d + (b * T + i) * ld + h * hs;
+  const size_t pr_es = dtype_size(g_dv);
+  parallel_ranges(B, 1, [&](int64_t b0, int64_t b1) {  // as the forward: windows over the threads
+    thread_local Scratch s_g1, s_g2, s_v, s_q, s_k, s_pr, s_dp, s_ds, s_dq, s_dk, s_dv;
+    void* g1 = s_g1.get(H * T * hs, g_dv);                      // dout's heads for dv = p^T g
+    void* g2 = g_dp == g_dv ? g1 : s_g2.get(H * T * hs, g_dp);  // ... for dp = g v^T
+    void* vh = s_v.get(H * T * hs, g_dp);
+    float* qh = static_cast<float*>(s_q.get(H * T * hs, DType::kFloat32));
+    float* kh = static_cast<float*>(s_k.get(H * T * hs, DType::kFloat32));
+    void* pr = s_pr.get(H * T * T, g_dv);
+    float* dp = static_cast<float*>(s_dp.get(H * T * T, DType::kFloat32));
+    float* ds = static_cast<float*>(s_ds.get(H * T * T, DType::kFloat32));
+    float* dqh = static_cast<float*>(s_dq.get(H * T * hs, DType::kFloat32));
+    float* dkh = static_cast<float*>(s_dk.get(H * T * hs, DType::kFloat32));
+    float* dvh = static_cast<float*>(s_dv.get(H * T * hs, DType::kFloat32));
+    for (int64_t b = b0; b < b1; ++b) {
+      const char* slab = bytes_at(qkv, b * T * ld);
+      const char* gslab = bytes_at(dout, b * T * C);
+      gather_heads(gslab, dg, C, 0, T, H, hs, g1, g_dv);
+      if (g2 != g1) gather_heads(gslab, dg, C, 0, T, H, hs, g2, g_dp);
+      gather_heads(slab, dq, ld, 2 * C, T, H, hs, vh, g_dp);
+      gather_heads(slab, dq, ld, 0, T, H, hs, qh, DType::kFloat32);
+      gather_heads(slab, dq, ld, C, T, H, hs, kh, DType::kFloat32);
+      const float* pb = pp + b * H * T * T;
+      for (int64_t r = 0; r < H * T; ++r)
+        round_row(pb + r * T, T, pv_dtype, static_cast<char*>(pr) + r * T * pr_es, g_dv);
+      batched_matmul(H, T, hs, T, g_dv, pr, true, g1, false, DType::kFloat32, dvh);  // dv = p^T g
+      batched_matmul(H, T, T, hs, g_dp, g2, false, vh, true, DType::kFloat32, dp);    // dp = g v^T
+      for (int64_t r = 0; r < H * T; ++r) {
+        const int64_t i = r % T;
+        const float* p = pb + r * T;
+        const float* dpr = dp + r * T;
+        float* dsr = ds + r * T;
         float dot = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* vj = q + (b * T + j) * ld + 2 * C + h * hs;
-          float* dvj = d + (b * T + j) * ld + 2 * C + h * hs;
-          const float pr = round_to(p[j], pv_dtype);
-          float a = 0.0f;
-          for (int64_t e = 0; e < hs; ++e) {
-            a += gi[e] * vj[e];
-            dvj[e] += pr * gi[e];
-          }
-          dp[j] = a;
-          dot += p[j] * a;
-        }
-        for (int64_t j = 0; j <= i; ++j) {
-          const float dsj = math::softmax_backward(p[j], dp[j], dot) * scale;
-          if (dsj == 0.0f) continue;  // masked keys (p = 0) add nothing
-          const float* kj = q + (b * T + j) * ld + C + h * hs;
-          float* dkj = d + (b * T + j) * ld + C + h * hs;
-          for (int64_t e = 0; e < hs; ++e) {
-            dqi[e] += dsj * kj[e];
-            dkj[e] += dsj * qi[e];
-          }
-        }
+        for (int64_t j = 0; j <= i; ++j) dot += p[j] * dpr[j];
+        for (int64_t j = 0; j <= i; ++j) dsr[j] = math::softmax_backward(p[j], dpr[j], dot) * scale;
+        for (int64_t j = i + 1; j < T; ++j) dsr[j] = 0.0f;
       }
+      batched_matmul(H, T, hs, T, DType::kFloat32, ds, false, kh, false, DType::kFloat32, dqh);  // dq = ds k
+      batched_matmul(H, T, hs, T, DType::kFloat32, ds, true, qh, false, DType::kFloat32, dkh);   // dk = ds^T q
+      char* dslab = bytes_at(dqkv, b * T * ld);
+      scatter_heads(dqh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, 0);
+      scatter_heads(dkh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, C);
+      scatter_heads(dvh, DType::kFloat32, T, H, hs, dslab, dqkv.dtype(), ld, 2 * C);
     }
-  }
-  if (dqkv.dtype() == DType::kFloat32) {
-    std::memcpy(dqkv.data(), d, dqkv.nbytes());
-  } else {
-    store(dqkv, d);
-  }
+  });
 }
 
 // ---- dropout ---------------------------------------------------------------------------------------------------
@@ -301,12 +426,15 @@ void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const 
   thread_local std::vector<float> xs;
   const float* in = fp32_of(x, xs);
   float* out = fp32_out(x, xs);  // in place: the same buffer
-  for (int64_t r = 0; r < n; ++r) {
-    const RngStream rng{key.seed, {key.step, sample_ids[static_cast<size_t>(r / seq_len)], key.site},
-                        RngPurpose::kDropout};
-    const uint64_t first = static_cast<uint64_t>((r % seq_len) * c);
-    for (int64_t j = 0; j < c; ++j) out[r * c + j] = math::dropout(in[r * c + j], rng.uniform(first + j), p, inv_keep);
-  }
+  parallel_ranges(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const RngStream rng{key.seed, {key.step, sample_ids[static_cast<size_t>(r / seq_len)], key.site},
+                          RngPurpose::kDropout};
+      const uint64_t first = static_cast<uint64_t>((r % seq_len) * c);
+      for (int64_t j = 0; j < c; ++j)
+        out[r * c + j] = math::dropout(in[r * c + j], rng.uniform(first + j), p, inv_keep);
+    }
+  });
   store(x, out);
 }
 
@@ -317,7 +445,9 @@ void add_inplace(Tensor& x, const Tensor& y) {
   thread_local std::vector<float> ys;
   const float* b = fp32_of(y, ys);
   float* a = x.data_as<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) a[i] += b[i];
+  parallel_ranges(x.numel(), int64_t{1} << 15, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) a[i] += b[i];
+  });
 }
 
 }  // namespace ampdist::kernels::cpu

@@ -1,0 +1,196 @@
+// The CPU backend's engine (kernels/cpu/onednn.h) and its run-time ISA dispatch (kernels/cpu/isa.h): which oneDNN
+// implementation a bf16 GEMM runs, determinism for a fixed thread count, and AVX-512 paths that compute bitwise what
+// their AVX2 twins compute.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/core/rng.h"
+#include "runtime/kernels/cpu/isa.h"
+#include "runtime/kernels/cpu/onednn.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/math.h"
+#include "runtime/kernels/transformer.h"
+
+namespace ampdist {
+namespace {
+
+Tensor random(const Shape& shape, DType dtype, uint32_t stream, float lo = -1.0f, float hi = 1.0f) {
+  Tensor f = Tensor::empty(shape, DType::kFloat32);
+  const RngStream rng{77, {stream, 0, 0}, RngPurpose::kSynthetic};
+  for (int64_t i = 0; i < f.numel(); ++i) f.data_as<float>()[i] = lo + (hi - lo) * rng.uniform(i);
+  if (dtype == DType::kFloat32) return f;
+  Tensor t = Tensor::empty(shape, dtype);
+  kernels::cast(f, t);
+  return t;
+}
+
+std::vector<unsigned char> bytes(const Tensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
+// The CPU's bf16 features as the kernel reports them (/proc/cpuinfo flags), for the skip message.
+std::string cpu_bf16_flags() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, out;
+  while (std::getline(f, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    for (const char* flag : {" amx_bf16", " avx512_bf16", " avx512f", " avx2"})
+      if ((line + " ").find(std::string(flag) + " ") != std::string::npos) out += flag;
+    break;
+  }
+  return out.empty() ? " (none of amx_bf16, avx512_bf16, avx512f, avx2)" : out;
+}
+
+TEST(OneDnn, Bf16GemmRunsOnNativeBf16HardwareWhereTheCpuHasIt) {
+  if (!kernels::cpu::onednn::native_bf16())
+    GTEST_SKIP() << "this CPU has no AMX-BF16 or AVX512-BF16 (flags:" << cpu_bf16_flags() << "); oneDNN runs bf16 as "
+                 << kernels::cpu::onednn::implementation(DType::kBFloat16, DType::kBFloat16);
+  // The path kernels::gemm takes, as oneDNN itself reports it while executing (ONEDNN_VERBOSE's exec lines).
+  const Tensor a = random({64, 96}, DType::kBFloat16, 1), b = random({80, 96}, DType::kBFloat16, 2);
+  Tensor c = Tensor::empty({64, 80}, DType::kBFloat16);
+  Tensor g = Tensor::zeros({80, 96}, DType::kFloat32);
+  dnnl::set_verbose(1);
+  testing::internal::CaptureStdout();
+  kernels::gemm(a, false, b, true, c);          // a Linear's forward: x W^T, bf16 out
+  kernels::gemm(c, true, a, false, g, 1.0f, 1.0f);  // its weight gradient into an FP32 buffer (beta 1)
+  const std::string log = testing::internal::GetCapturedStdout();
+  dnnl::set_verbose(0);
+  int native = 0;
+  size_t pos = 0;
+  while ((pos = log.find("exec,cpu,matmul,", pos)) != std::string::npos) {
+    const std::string line = log.substr(pos, log.find('\n', pos) - pos);
+    EXPECT_NE(line.find("src_bf16"), std::string::npos) << line;  // no conversion to f32 before the engine
+    native += line.find("amx_bf16") != std::string::npos || line.find("avx512_core_bf16") != std::string::npos;
+    pos += line.size();
+  }
+  EXPECT_EQ(native, 2) << "expected both GEMMs on an AMX or AVX512-BF16 kernel; oneDNN printed:\n" << log;
+  const std::string impl = kernels::cpu::onednn::implementation(DType::kBFloat16, DType::kBFloat16);
+  EXPECT_TRUE(impl.find("amx_bf16") != std::string::npos || impl.find("avx512_core_bf16") != std::string::npos)
+      << impl;
+}
+
+TEST(OneDnn, Fp16IsConvertedExactlyAndSaysSo) {
+  // oneDNN 2.6 has no fp16 matmul on the CPU; the backend converts fp16 exactly to FP32 (contract tests in
+  // test_kernels.cc), and implementation() says which path that is.
+  EXPECT_NE(kernels::cpu::onednn::implementation(DType::kFloat16, DType::kFloat16).find("conversion"),
+            std::string::npos);
+  EXPECT_FALSE(kernels::cpu::onednn::version().empty());
+}
+
+TEST(OneDnn, GemmsAreBitwiseRepeatableForAFixedThreadCount) {
+  // Every rank must compute the same bits for the same inputs. Shapes of the models' GEMMs, including a long K
+  // (a weight gradient over many tokens, which oneDNN may split over threads) and the attention products.
+  kernels::set_num_threads(2);
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = random({512, 384}, dt, 3), w = random({256, 384}, dt, 4), dy = random({512, 256}, dt, 5);
+    Tensor y1 = Tensor::empty({512, 256}, dt), y2 = Tensor::empty({512, 256}, dt);
+    kernels::gemm(x, false, w, true, y1);
+    kernels::gemm(x, false, w, true, y2);
+    EXPECT_EQ(bytes(y1), bytes(y2));
+    const Tensor a = random({8192, 64}, dt, 6), b = random({8192, 48}, dt, 7);
+    Tensor g1 = random({64, 48}, DType::kFloat32, 8), g2 = g1.to(Device::kCPU);
+    kernels::gemm(a, true, b, false, g1, 1.0f, 1.0f);
+    kernels::gemm(a, true, b, false, g2, 1.0f, 1.0f);
+    EXPECT_EQ(bytes(g1), bytes(g2));
+    Tensor dx1 = Tensor::empty({512, 384}, dt), dx2 = Tensor::empty({512, 384}, dt);
+    kernels::gemm(dy, false, w, false, dx1);
+    kernels::gemm(dy, false, w, false, dx2);
+    EXPECT_EQ(bytes(dx1), bytes(dx2));
+
+    const kernels::AttentionShape s{3, 32, 4, 16};
+    const Tensor qkv = random({96, 192}, dt, 9, -2.0f, 2.0f), dout = random({96, 64}, dt, 10);
+    Tensor p1 = Tensor::empty({3, 4, 32, 32}, DType::kFloat32), p2 = p1.to(Device::kCPU);
+    Tensor o1 = Tensor::empty({96, 64}, dt), o2 = Tensor::empty({96, 64}, dt);
+    kernels::attention_forward(qkv, s, {}, dt, p1, o1);
+    kernels::attention_forward(qkv, s, {}, dt, p2, o2);
+    EXPECT_EQ(bytes(p1), bytes(p2));
+    EXPECT_EQ(bytes(o1), bytes(o2));
+    Tensor d1 = Tensor::empty({96, 192}, dt), d2 = Tensor::empty({96, 192}, dt);
+    kernels::attention_backward(qkv, p1, s, dt, dout, d1);
+    kernels::attention_backward(qkv, p1, s, dt, dout, d2);
+    EXPECT_EQ(bytes(d1), bytes(d2));
+  }
+}
+
+TEST(OneDnn, ThreadsPerRankReachTheEngine) {
+  kernels::set_num_threads(1);
+  EXPECT_EQ(kernels::num_threads(), 1);
+#if !defined(AMPDIST_ENGINE_SINGLE_THREAD)
+  kernels::set_num_threads(2);
+  EXPECT_EQ(kernels::num_threads(), 2);
+#endif
+  kernels::set_num_threads(0);  // < 1 counts as 1
+  EXPECT_EQ(kernels::num_threads(), 1);
+  kernels::set_num_threads(2);
+}
+
+TEST(IsaDispatch, Avx512UnscaleIsBitwiseTheAvx2Path) {
+  if (!kernels::cpu::isa::avx512()) GTEST_SKIP() << "no AVX-512 on this CPU (or AMPDIST_NO_AVX512 set): one path only";
+  const int64_t n = 100003;  // not a multiple of 16: the scalar tail runs after either vector loop
+  Tensor g0 = random({n}, DType::kFloat32, 11, -1e3f, 1e3f);
+  g0.data_as<float>()[777] = std::numeric_limits<float>::infinity();
+  for (float inv : {0.25f, 1.0f / 3.0f}) {
+    Tensor a = g0.to(Device::kCPU), b = g0.to(Device::kCPU);
+    kernels::cpu::isa::set_avx512_enabled(true);
+    const kernels::UnscaleResult ra = kernels::unscale_and_check(a, inv);
+    kernels::cpu::isa::set_avx512_enabled(false);
+    const kernels::UnscaleResult rb = kernels::unscale_and_check(b, inv);
+    kernels::cpu::isa::set_avx512_enabled(true);
+    EXPECT_EQ(bytes(a), bytes(b));
+    EXPECT_EQ(ra.found_inf, rb.found_inf);
+    EXPECT_TRUE(ra.found_inf);
+    EXPECT_EQ(std::memcmp(&ra.sum_sq, &rb.sum_sq, sizeof(double)), 0) << ra.sum_sq << " vs " << rb.sum_sq;
+  }
+}
+
+TEST(CpuFastPaths, SixteenBitGeluTablesAreBitwiseTheFormulas) {
+  // Every fp16 / bf16 bit pattern (NaN and inf included) through gelu_forward and gelu_backward against
+  // math::gelu / math::gelu_backward evaluated per element and rounded once, as the FP32 path does.
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t n = 65536;
+    Tensor x = Tensor::empty({n}, dt), dy = Tensor::empty({n}, dt), y = Tensor::empty({n}, dt);
+    Tensor dx = Tensor::empty({n}, dt);
+    auto* xb = static_cast<uint16_t*>(x.data());
+    auto* db = static_cast<uint16_t*>(dy.data());
+    for (int64_t i = 0; i < n; ++i) {
+      xb[i] = static_cast<uint16_t>(i);
+      db[i] = static_cast<uint16_t>((i * 40503) & 0xFFFF);  // another permutation of all patterns
+    }
+    kernels::gelu_forward(x, y);
+    kernels::gelu_backward(x, dy, dx);
+    Tensor one = Tensor::empty({1}, dt);
+    for (int64_t i = 0; i < n; ++i) {
+      const float xv = x.item(i), dv = dy.item(i);
+      Tensor want_y = Tensor::empty({1}, DType::kFloat32), want_dx = Tensor::empty({1}, DType::kFloat32);
+      want_y.data_as<float>()[0] = math::gelu(xv);
+      want_dx.data_as<float>()[0] = math::gelu_backward(xv, dv);
+      kernels::cast(want_y, one);
+      const uint16_t wy = *static_cast<const uint16_t*>(one.data());
+      kernels::cast(want_dx, one);
+      const uint16_t wdx = *static_cast<const uint16_t*>(one.data());
+      const uint16_t gy = static_cast<const uint16_t*>(y.data())[i], gdx = static_cast<const uint16_t*>(dx.data())[i];
+      if (std::isnan(math::gelu(xv))) {
+        EXPECT_TRUE(std::isnan(y.item(i))) << "x bits " << i;
+      } else {
+        ASSERT_EQ(gy, wy) << "gelu, x bits " << i;
+      }
+      if (std::isnan(math::gelu_backward(xv, dv))) {
+        EXPECT_TRUE(std::isnan(dx.item(i))) << "x bits " << i;
+      } else {
+        ASSERT_EQ(gdx, wdx) << "gelu', x bits " << i << ", dy bits " << db[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ampdist
