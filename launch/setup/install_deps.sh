@@ -12,6 +12,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libprotobuf-dev protobuf-compiler
   libeigen3-dev libdnnl-dev  # Eigen's half/bfloat16; oneDNN, the CPU backend's GEMM engine
+  ocl-icd-opencl-dev  # oneDNN's CMake package (dnnl-config.cmake) requires OpenCL: Debian builds it with the OpenCL GPU runtime
   zlib1g-dev libxxhash-dev librandom123-dev
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libutfcpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
