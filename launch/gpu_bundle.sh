@@ -127,13 +127,19 @@ else
   isa="not run: launch/check_isa.sh is not in this tree"
 fi
 
+# The device code the CUDA objects were compiled to, from every library's CUDA flags (one library per folder).
+cuda_archs=$(cat "$build"/CMakeFiles/ampdist_*.dir/flags.make 2>/dev/null | grep -o 'code=\[[^]]*\]' |
+             sed 's/^code=\[//; s/\]$//' | tr ',' '\n' | sort -u | tr '\n' ' ' | sed 's/ $//' || true)
+if [[ -z $cuda_archs ]]; then
+  echo "gpu_bundle: $build: no CUDA device code found in CMakeFiles/ampdist_*.dir/flags.make (not a CUDA build?)" >&2
+  exit 1
+fi
 cuda_version=$(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
 {
   echo "ampdist GPU bundle, made $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "cuda_runtime: ${cuda_version:-unknown} (linked statically; needs a driver of the R580 branch or newer)"
   # The device code the CUDA objects were compiled to: cubins (sm_XY) and PTX (compute_XY, JIT-compiled for newer).
-  echo "cuda_architectures: $(grep -ho 'code=\[[^]]*\]' "$build"/CMakeFiles/ampdist_lib.dir/flags.make 2>/dev/null |
-                               sed 's/^code=\[//; s/\]$//' | tr ',' '\n' | sort -u | tr '\n' ' ')"
+  echo "cuda_architectures: $cuda_archs"
   echo "isa_check: $isa"
   # A build with -march=native (AMPDIST_NATIVE) may use any instruction of this machine's CPU: the host needs them.
   if grep -q '^AMPDIST_NATIVE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then

@@ -76,7 +76,9 @@ echo "driver: ${driver:-none}; GPUs: $gpus x ${gpu_name:-none}" >> "$pre"
 # Device code for this GPU: its own cubin (sm_XY), or PTX of an older architecture that the driver compiles.
 archs=$(sed -n 's/^cuda_architectures: //p' "$bundle/MANIFEST" 2>/dev/null)
 cc=$(head -1 "$out/gpus.csv" 2>/dev/null | cut -d, -f5 | tr -d ' .')
-if [[ -n $cc && -n $archs && " $archs " != *" sm_$cc "* ]]; then
+if [[ -z $archs ]]; then
+  missing+=("the bundle's MANIFEST names no device code (cuda_architectures)")
+elif [[ -n $cc && " $archs " != *" sm_$cc "* ]]; then
   ptx_ok=0
   for a in $archs; do [[ $a == compute_* ]] && (( ${a#compute_} <= cc )) && ptx_ok=1; done
   (( ptx_ok )) || missing+=("the bundle has no device code for compute capability $cc (it has: $archs)")

@@ -48,6 +48,8 @@ if readelf -d "$BUNDLE/bin/ampdist" | grep -q 'libcudart'; then
 else
   ok "the CUDA runtime is linked statically"
 fi
+grep -q '^cuda_architectures: .*sm_90' "$BUNDLE/MANIFEST" && ok "the MANIFEST names the device code (sm_90 for H100/H200)" ||
+  { not_ok "MANIFEST" "no cuda_architectures line with sm_90"; show "$BUNDLE/MANIFEST"; }
 grep -q '^isa_check: ' "$BUNDLE/MANIFEST" && ok "the MANIFEST says what the ISA check found" ||
   not_ok "MANIFEST" "no isa_check line"
 if bash "$BUNDLE/selfcheck.sh" > "$TMP/self.log" 2>&1; then ok "selfcheck.sh passes"; else
