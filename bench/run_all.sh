@@ -100,6 +100,30 @@ step_title() { say ""; say "== $* ($(($(date +%s) - START)) s, load $(cut -d' ' 
 # The load average (1, 5, 15 min) as each raw result is written: name -> load, for the results file.
 note_load() { printf '"%s": "%s",\n' "$1" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$RAW/loads.txt"; }
 
+# torch_run NAME SCRIPT NP THREADS ARGS...: NP PyTorch processes (gloo DDP when NP > 1), rank 0's JSON to NAME, each
+# rank's output to NAME.rankR.log; TORCH_ENV (an array) is added to their environment. A rank that outlives
+# TORCH_TIMEOUT gets SIGTERM, on which the scripts print every thread's Python stack (faulthandler), then SIGKILL; a
+# failed row prints the end of every rank's log.
+TORCH_TIMEOUT=$([[ $QUICK == 1 ]] && echo 120 || echo 1800)  # a rank left waiting on a gone peer ends, with an error
+TORCH_ENV=()
+torch_run() {
+  local name=$1 script=$2 np=$3 threads=$4; shift 4
+  local port pids=() r failed=0
+  port=$(free_port)
+  for ((r = 0; r < np; r++)); do
+    env "${TORCH_ENV[@]}" RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      timeout -k 10 "$TORCH_TIMEOUT" "$PYTHON" "$ROOT/bench/$script" --threads "$threads" "$@" \
+      --json "$RAW/$name.json" </dev/null >"$RAW/$name.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  if ((failed)); then
+    for ((r = 0; r < np; r++)); do say "--- $name rank $r (last 30 lines)"; tail -n 30 "$RAW/$name.rank$r.log" >&2; done
+    die "$script ($name) failed"
+  fi
+  note_load "$name"
+}
+
 # ---- 1. main job throughput
 for np in 1 2; do
   threads=$((NPROC / np > 0 ? NPROC / np : 1))
@@ -117,17 +141,9 @@ for np in 1 2; do
     args=("${TORCH[@]}"); [[ $p == bf16 ]] && args=("${TORCH_BF16[@]}")
     for wait in "${WAITS[@]}"; do
       step_title "PyTorch main job, $p, $np rank(s) x $threads thread(s), OMP_WAIT_POLICY $wait"
-      envs=(); [[ $wait == passive ]] && envs=(OMP_WAIT_POLICY=passive)
-      port=$(free_port)
-      pids=()
-      for ((r = 0; r < np; r++)); do
-        env "${envs[@]}" RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-          "$PYTHON" "$ROOT/bench/torch_mlp.py" --precision $p --threads $threads "${args[@]}" \
-          --json "$RAW/torch_${p}_np${np}_$wait.json" >/dev/null &
-        pids+=($!)
-      done
-      for pid in "${pids[@]}"; do wait "$pid" || die "torch_mlp.py $p np$np failed"; done
-      note_load "torch_${p}_np${np}_$wait"
+      TORCH_ENV=(); [[ $wait == passive ]] && TORCH_ENV=(OMP_WAIT_POLICY=passive)
+      torch_run "torch_${p}_np${np}_$wait" torch_mlp.py $np $threads --precision $p "${args[@]}"
+      TORCH_ENV=()
     done
   done
 done
@@ -154,20 +170,6 @@ step_title "kernels (Google Benchmark)"
   >/dev/null || die "ampdist_bench_kernels failed"
 
 # ---- 5. models against PyTorch: the 100M MLP, the GPT-2-small-shaped model, the fortunes GPT
-# torch_run NAME SCRIPT NP THREADS ARGS...: NP PyTorch processes (gloo DDP when NP > 1), rank 0's JSON to NAME.
-torch_run() {
-  local name=$1 script=$2 np=$3 threads=$4; shift 4
-  local port pids=() r
-  port=$(free_port)
-  for ((r = 0; r < np; r++)); do
-    RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout "$TORCH_TIMEOUT" \
-      "$PYTHON" "$ROOT/bench/$script" --threads "$threads" "$@" --json "$RAW/$name.json" </dev/null >/dev/null &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || die "$script ($name) failed"; done
-  note_load "$name"
-}
-TORCH_TIMEOUT=$([[ $QUICK == 1 ]] && echo 120 || echo 1800)  # a rank left waiting on a gone peer ends, with an error
 GPT2_CFG=$ROOT/bench/configs/gpt2_small_shaped.pbtxt
 FORTUNES_CFG=$ROOT/configs/fortunes_gpt.pbtxt
 if [[ $QUICK == 1 ]]; then  # one layer, 64 wide, 32 tokens: every path, in seconds

@@ -17,12 +17,14 @@ from a barrier, its time the maximum over ranks. Rank 0 prints one JSON object, 
 rank that peaked highest.
 """
 import argparse
+import faulthandler
 import glob
 import json
 import math
 import os
 import re
 import resource
+import signal
 import sys
 import time
 
@@ -97,6 +99,8 @@ def read_corpus(paths):
 
 
 def main():
+    # bench/run_all.sh ends a hung rank with SIGTERM: print where every thread is, then its SIGKILL follows.
+    faulthandler.register(signal.SIGTERM, all_threads=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="ampdist config with model { gpt { ... } }")
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")

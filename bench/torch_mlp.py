@@ -19,11 +19,13 @@ Measured: `repeat` windows of `steps` optimizer steps after `warmup` steps, each
 the maximum over ranks; samples/s = steps x global batch / time. Rank 0 prints one JSON object.
 """
 import argparse
+import faulthandler
 import gzip
 import json
 import math
 import os
 import resource
+import signal
 import struct
 import sys
 import time
@@ -52,6 +54,8 @@ def find(dirname, stem):
 
 
 def main():
+    # bench/run_all.sh ends a hung rank with SIGTERM: print where every thread is, then its SIGKILL follows.
+    faulthandler.register(signal.SIGTERM, all_threads=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     ap.add_argument("--synthetic", type=int, default=0, help="Gaussian data of this many features, 10 classes")
