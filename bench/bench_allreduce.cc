@@ -93,7 +93,7 @@ int run(const Args& a, ampdist::MpiCommunicator& comm) {
     Tensor& grads = masters->grads();
     float* g = grads.data_as<float>();
     Reducer reducer(comm, grads, masters->layout(), static_cast<int64_t>(a.bucket_cap_mb * 1024 * 1024),
-                    DType::kFloat32, Reducer::Mode::kAllreduce);
+                    DType::kFloat32);  // all-reduce mode
     const int iters = static_cast<int>(
         std::clamp<int64_t>(static_cast<int64_t>(a.target_bytes / bytes), a.min_iters, a.max_iters));
     std::vector<double> t_reducer, t_mpi;

@@ -1,17 +1,17 @@
 // Checkpoint save/load throughput over MPI (a plain MPI program, not Google Benchmark):
 //
 //   mpirun -np 2 build/bench/ampdist_bench_checkpoint --gib 1.0 --dir build/bench_tmp [--repeat 3] [--drop-caches]
-//          [--json FILE] [--keep]
+//          [--sharded] [--json FILE] [--keep]
 //
-// Builds AdamW-like state (buffers "master", "exp_avg", "exp_avg_sq", each gib/3 of FP32, full on every rank, filled
-// with deterministic values), then `repeat` times: save_checkpoint (a new step each time, keep_last=1) and
+// Builds AdamW-like state (buffers "master", "exp_avg", "exp_avg_sq", each gib/3 of FP32, full on every rank, or with
+// --sharded only each rank's slice, as optimizer.zero_stage 1 holds them; filled with deterministic values), then `repeat` times: save_checkpoint (a new step each time, keep_last=1) and
 // load_checkpoint into a second, zeroed state, which must then be bitwise equal to the first (the program fails with
 // exit code 1 otherwise). Each phase starts after a barrier and its time is the maximum over ranks.
 //
 // Throughput is reported as
 //   save:  state GiB / s
-//   load:  state GiB / s, and bytes read() from checkpoint files across all ranks / s (load_checkpoint reads every
-//          shard on every rank, because every rank holds full replicas, so that is world_size x the files' size)
+//   load:  state GiB / s, and bytes read() from checkpoint files across all ranks / s (each rank reads the records of
+//          its own slice, as load_checkpoint's LoadStats count them; replicated state is then all-gathered)
 // plus the bytes the kernel actually read from / wrote to the block device (/proc/self/io, summed over ranks), which
 // shows whether a load came from the page cache. --drop-caches writes 3 to /proc/sys/vm/drop_caches (root only)
 // between save and load; whether that worked, and the fraction of the shard files still resident afterwards
@@ -39,6 +39,7 @@
 #include "comm/mpi_communicator.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/core/error.h"
+#include "runtime/core/flat_layout.h"
 #include "runtime/core/tensor.h"
 
 namespace {
@@ -59,14 +60,15 @@ struct Options {
   int repeat = 3;
   bool drop_caches = false;
   bool keep = false;
+  bool sharded = false;
   std::string json;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "ampdist_bench_checkpoint: %s\n"
-               "usage: ampdist_bench_checkpoint --gib G --dir DIR [--repeat N] [--drop-caches] [--json FILE] "
-               "[--keep]\n",
+               "usage: ampdist_bench_checkpoint --gib G --dir DIR [--repeat N] [--drop-caches] [--sharded] "
+               "[--json FILE] [--keep]\n",
                why.c_str());
   std::exit(2);
 }
@@ -91,6 +93,8 @@ Options parse(int argc, char** argv) {
       o.drop_caches = true;
     } else if (a == "--keep") {
       o.keep = true;
+    } else if (a == "--sharded") {
+      o.sharded = true;
     } else {
       usage("unknown argument " + a);
     }
@@ -262,10 +266,18 @@ int run(int argc, char** argv) {
 
   std::vector<Tensor> src, dst;
   CheckpointState saved, loaded;
+  const std::vector<int64_t> slices = ampdist::shard_counts(numel, world);
+  int64_t begin = 0;
+  for (int r = 0; r < rank; ++r) begin += slices[r];
+  const int64_t held = opt.sharded ? slices[rank] : numel;
   for (int b = 0; b < 3; ++b) {
-    src.push_back(Tensor::empty({numel}, DType::kFloat32));
-    dst.push_back(Tensor::zeros({numel}, DType::kFloat32));
+    src.push_back(Tensor::empty({held}, DType::kFloat32));
+    dst.push_back(Tensor::zeros({held}, DType::kFloat32));
     fill(src.back(), b);
+  }
+  if (opt.sharded) {
+    saved.numel = loaded.numel = numel;
+    saved.begin = loaded.begin = begin;
   }
   for (int b = 0; b < 3; ++b) {
     saved.buffers.emplace_back(kBufferNames[b], &src[b]);
@@ -287,6 +299,7 @@ int run(int argc, char** argv) {
   const std::string loadavg_start = loadavg();
   std::vector<std::string> written;
   double file_bytes = 0.0;  // sum of the shard files and the manifest of one checkpoint
+  double read_bytes_per_load = 0.0;  // shard bytes read by all ranks in the last load (LoadStats)
   int64_t dev_read_total = 0, dev_write_total = 0;
   int drops_ok = 0;
   std::string drop_error;
@@ -332,7 +345,9 @@ int run(int argc, char** argv) {
     const DeviceIo io2 = device_io();
     s0 = sched_now();
     t0 = MPI_Wtime();
-    const ampdist::Manifest m = ampdist::load_checkpoint(comm, path, loaded);
+    ampdist::LoadStats stats;
+    const ampdist::Manifest m = ampdist::load_checkpoint(comm, path, loaded, &stats);
+    read_bytes_per_load = static_cast<double>(sum_over_ranks(comm, stats.bytes_read));
     const double tl_local = MPI_Wtime() - t0;
     s1 = sched_now();
     const double tl = max_over_ranks(comm, tl_local);
@@ -391,7 +406,7 @@ int run(int argc, char** argv) {
   }
 
   if (rank == 0) {
-    const double read_bytes = static_cast<double>(world) * file_bytes;  // every rank reads every file
+    const double read_bytes = read_bytes_per_load;
     const double read_gib = read_bytes / kGiB;
     const double best_save = *std::min_element(save_s.begin(), save_s.end()), med_save = median(save_s);
     const double best_load = *std::min_element(load_s.begin(), load_s.end()), med_load = median(load_s);

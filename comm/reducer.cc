@@ -1,5 +1,7 @@
 #include "comm/reducer.h"
 
+#include <algorithm>
+
 #include "runtime/kernels/kernels.h"
 
 namespace ampdist {
@@ -24,8 +26,14 @@ std::vector<BucketLayout> plan_buckets(const FlatLayout& layout, int64_t bucket_
 }
 
 Reducer::Reducer(Communicator& comm, Tensor grads, const FlatLayout& layout, int64_t bucket_cap_bytes,
-                 DType reduce_dtype, Mode mode)
-    : comm_(comm), grads_(std::move(grads)), reduce_dtype_(reduce_dtype), mode_(mode) {
+                 DType reduce_dtype, std::span<const int64_t> slice_counts)
+    : comm_(comm),
+      grads_(std::move(grads)),
+      reduce_dtype_(reduce_dtype),
+      mode_(slice_counts.empty() ? Mode::kAllreduce : Mode::kReduceScatter) {
+  if (!slice_counts.empty() && static_cast<int>(slice_counts.size()) != comm_.world_size())
+    throw Error("Reducer: " + std::to_string(slice_counts.size()) + " slices for a world of " +
+                std::to_string(comm_.world_size()));
   buckets_ = plan_buckets(layout, bucket_cap_bytes, static_cast<int64_t>(dtype_size(reduce_dtype)));
   for (const FlatEntry& e : layout.entries()) tensor_names_.push_back(e.name);
   bucket_of_param_.assign(layout.size(), -1);
@@ -38,9 +46,16 @@ Reducer::Reducer(Communicator& comm, Tensor grads, const FlatLayout& layout, int
   const int rank = comm_.rank();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     names_.push_back("bucket " + std::to_string(b) + (mode_ == Mode::kAllreduce ? " all-reduce" : " reduce-scatter"));
-    gather_names_.push_back("bucket " + std::to_string(b) + " all-gather");
     const int64_t n = buckets_[b].end - buckets_[b].begin;
-    counts_[b] = shard_counts(n, comm_.world_size());
+    if (mode_ == Mode::kReduceScatter) {  // the bucket's overlap with each rank's slice, in rank order
+      counts_[b].assign(comm_.world_size(), 0);
+      int64_t sb = 0;
+      for (int r = 0; r < comm_.world_size(); ++r) {
+        const int64_t lo = std::max(sb, buckets_[b].begin), hi = std::min(sb + slice_counts[r], buckets_[b].end);
+        counts_[b][r] = std::max<int64_t>(0, hi - lo);
+        sb += slice_counts[r];
+      }
+    }
     if (mode_ == Mode::kAllreduce) {
       if (reduce_dtype_ != DType::kFloat32) staging_[b] = Tensor::zeros({n}, reduce_dtype_, grads_.device());
     } else {
@@ -83,6 +98,14 @@ void Reducer::launch(size_t b) {
       works_[b] = comm_.allreduce_async(staging_[b].data(), n, reduce_dtype_, ReduceOp::kSum, what);
     }
   } else {
+    // OpenMPI's non-blocking reduce-scatter (libnbc) holds a temporary of twice the bucket until it completes: with
+    // every bucket in flight at once that is twice the whole gradient, more than sharding saves. At most
+    // kReduceScatterInFlight are in flight; the oldest is completed before another starts (on the GPU the wait only
+    // orders streams).
+    if (b >= kReduceScatterInFlight && works_[b - kReduceScatterInFlight]) {
+      works_[b - kReduceScatterInFlight]->wait();
+      works_[b - kReduceScatterInFlight].reset();
+    }
     const size_t esize = dtype_size(reduce_dtype_);
     const void* send = g.data();
     char* recv = static_cast<char*>(staging_[b].data());
@@ -102,7 +125,7 @@ void Reducer::wait() {
   while (next_launch_ < buckets_.size()) launch(next_launch_++);
   const int rank = comm_.rank();
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    works_[b]->wait();
+    if (works_[b]) works_[b]->wait();  // reduce-scatter mode may have completed it already, before a later launch
     works_[b].reset();
     const BucketLayout& bucket = buckets_[b];
     const int64_t n = bucket.end - bucket.begin;
@@ -119,17 +142,6 @@ void Reducer::wait() {
     }
   }
   final_ = false;
-}
-
-void Reducer::gather() {
-  if (mode_ != Mode::kReduceScatter) return;
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    works_[b] = comm_.allgather_inplace_async(grads_.data_as<float>() + buckets_[b].begin, counts_[b],
-                                              DType::kFloat32, gather_names_[b]);
-  for (auto& w : works_) {
-    w->wait();
-    w.reset();
-  }
 }
 
 }  // namespace ampdist

@@ -9,9 +9,10 @@
 // Reduce dtype FP32: the bucket is summed in place. fp16/bf16: it is cast to a 16-bit staging buffer, summed with
 // rounding after every addition, and cast back.
 //
-// Modes: kAllreduce leaves the whole summed gradient on every rank. kReduceScatter leaves on each rank only its
-// shard of each bucket (owned()); after the step's consensus, gather() all-gathers the shards (FP32), and only for
-// steps that are applied.
+// Modes: kAllreduce leaves the whole summed gradient on every rank. kReduceScatter (ZeRO stage 1) leaves on each
+// rank only the summed gradient of its slice of the flat space (the slices of the sharded master weights): each
+// bucket is reduce-scattered with counts = its overlap with each rank's slice, so the pieces a rank receives tile its
+// slice exactly (owned()).
 #pragma once
 
 #include <cstdint>
@@ -40,11 +41,15 @@ struct GradSpan {
 
 class Reducer {
  public:
+  // Reduce-scatter mode: collectives in flight at once (see Reducer::launch).
+  static constexpr size_t kReduceScatterInFlight = 2;
+
   enum class Mode { kAllreduce, kReduceScatter };
 
-  // grads: the flat FP32 gradient buffer [layout.numel()].
+  // grads: the flat FP32 gradient buffer [layout.numel()]. slice_counts: empty for kAllreduce; otherwise each rank's
+  // slice length in rank order (summing to layout.numel()), for kReduceScatter.
   Reducer(Communicator& comm, Tensor grads, const FlatLayout& layout, int64_t bucket_cap_bytes, DType reduce_dtype,
-          Mode mode);
+          std::span<const int64_t> slice_counts = {});
 
   const std::vector<BucketLayout>& buckets() const { return buckets_; }
   Mode mode() const { return mode_; }
@@ -57,10 +62,8 @@ class Reducer {
   // Launches any bucket not launched yet and waits for all. Must follow a final micro-batch's backward.
   void wait();
   // The ranges of the flat gradient buffer this rank holds fully reduced after wait(): [0, numel) in allreduce
-  // mode, this rank's shard of each bucket in reduce-scatter mode.
+  // mode; in reduce-scatter mode the pieces of its slice, one per bucket (some may be empty).
   const std::vector<GradSpan>& owned() const { return owned_; }
-  // Reduce-scatter mode: all-gathers every bucket's shards, so each rank holds the whole gradient. No-op otherwise.
-  void gather();
 
   // Bucket collectives launched so far (tests check one set per optimizer step).
   int64_t launches() const { return launches_; }
@@ -79,7 +82,7 @@ class Reducer {
   std::vector<Tensor> staging_;  // per bucket: 16-bit copy (allreduce) or received shard (reduce-scatter)
   std::vector<std::vector<int64_t>> counts_;  // per bucket: shard counts (reduce-scatter)
   std::vector<GradSpan> owned_;
-  std::vector<std::string> names_, gather_names_;  // per bucket, for timeout messages
+  std::vector<std::string> names_;  // per bucket, for timeout messages
   std::vector<std::string> tensor_names_;          // per tensor, for errors
   size_t next_launch_ = 0;
   bool final_ = false;

@@ -97,6 +97,13 @@ int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
   comm.allreduce_f64(sync, ReduceOp::kSum, "bench end barrier");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const PhaseTimes pt = timer->collect();
+  // Peak resident memory of every rank (MiB), and the bytes of model state each holds: master weights, optimizer
+  // moments, working copy and gradients (the first two are 1/N per rank with optimizer.zero_stage 1).
+  const std::vector<uint64_t> rss = comm.allgather_u64(static_cast<uint64_t>(peak_rss_mb() * 1024.0), "bench RSS");
+  int64_t state_bytes = trainer->masters().master().nbytes() + trainer->masters().grads().nbytes();
+  if (trainer->masters().working().data() != trainer->masters().master().data())
+    state_bytes += trainer->masters().working().nbytes();
+  for (auto& [name, t] : trainer->optimizer().state()) state_bytes += t->nbytes();
   skipped = trainer->scaler().state().skipped_steps - skipped_before;
 
   if (comm.rank() == 0) {
@@ -126,7 +133,18 @@ int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
     std::cout << fmt::format("{:<20}{:>12.3f}{:>8.1f}%\n", "step (wall)", step_ms, 100.0);
     std::cout << fmt::format("model FLOPs: {:.3g} per sample (6 x {} weights); achieved {:.2f} GFLOP/s\n",
                              flops_per_sample, weights, flops_per_sample * sps / 1e9);
-    std::cout << "model FLOP utilisation: n/a (CPU backend: no device peak to compare with)\n" << std::flush;
+    std::cout << "model FLOP utilisation: n/a (CPU backend: no device peak to compare with)\n";
+    std::string per_rank;
+    uint64_t most = 0;
+    for (size_t r = 0; r < rss.size(); ++r) {
+      per_rank += fmt::format("{}{:.1f}", r ? " " : "", rss[r] / 1024.0);
+      most = std::max(most, rss[r]);
+    }
+    std::cout << fmt::format("peak memory per rank (RSS, MiB): max {:.1f} (ranks: {}); model state on rank 0: {:.1f} "
+                             "MiB (zero_stage {})\n",
+                             most / 1024.0, per_rank, static_cast<double>(state_bytes) / (1 << 20),
+                             trainer->sharded() ? 1 : 0)
+              << std::flush;
   }
   return 0;
 }

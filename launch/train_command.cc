@@ -167,17 +167,31 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     trainer->set_run_id(hex16(id));
     if (!args.resume.empty()) {
       std::optional<std::string> path;
+      std::optional<Manifest> loaded;
       if (args.resume == "auto") {
-        path = find_latest_checkpoint(checkpoint_dir);
+        // Newest first; a checkpoint whose bytes fail their checks on any rank fails alike on every rank (the load
+        // agrees before it changes anything), and the next older one is tried.
+        for (const std::string& candidate : resume_candidates(checkpoint_dir)) {
+          CheckpointState state = trainer->checkpoint_state();
+          try {
+            loaded = load_checkpoint(comm, candidate, state);
+            path = candidate;
+            break;
+          } catch (const Error& e) {
+            if (e.kind() != ErrorKind::kBadInput) throw;
+            if (comm.rank() == 0) std::cout << "warning: passing over " << candidate << ": " << e.what() << "\n";
+          }
+        }
       } else {
         path = args.resume;
+        CheckpointState state = trainer->checkpoint_state();
+        loaded = load_checkpoint(comm, *path, state);
       }
       if (path) {
-        CheckpointState state = trainer->checkpoint_state();
-        const Manifest m = load_checkpoint(comm, *path, state);
+        const Manifest& m = *loaded;
         resume_note = trainer->restore(m);
         resumed_from = *path + " (step " + std::to_string(m.step()) + ", saved on " + std::to_string(m.world_size()) +
-                       " ranks, master weights hash " + hex16(trainer->masters().hash()) + ")";
+                       " ranks, master weights hash " + hex16(trainer->master_hash()) + ")";
       }
     }
   });

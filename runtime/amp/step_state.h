@@ -91,6 +91,13 @@ AMPDIST_HOST_DEVICE void drop_apply(StepState& st, int64_t global_samples) {
   st.dropped_samples += dropped;
 }
 
+// Sharded state: the global sum of squares from every rank's sum over its slice, added in rank order.
+AMPDIST_HOST_DEVICE void sum_rank_sums(StepState& st, const double* per_rank, int world) {
+  double s = 0.0;
+  for (int r = 0; r < world; ++r) s += per_rank[r];
+  st.sum_sq = s;
+}
+
 // After the consensus: the agreed skip flag, clip factor, learning rate, bias corrections and the scaler update,
 // identical on every rank because every input is agreed (the flags) or identical (the state, sum_sq: the whole
 // reduced gradient, or the sum of the agreed per-slice sums). loss_divisor: the step's global sample count.

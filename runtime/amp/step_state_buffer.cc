@@ -11,6 +11,9 @@ namespace cuda {  // a device StepStateBuffer cannot exist without a device; the
 void launch_begin_step(StepState*, void*) { throw Error("begin_step: this build has no CUDA backend"); }
 void launch_drop_fill(StepState*, int64_t, void*) { throw Error("drop_fill: this build has no CUDA backend"); }
 void launch_drop_apply(StepState*, int64_t, void*) { throw Error("drop_apply: this build has no CUDA backend"); }
+void launch_sum_rank_sums(StepState*, const double*, int, void*) {
+  throw Error("sum_rank_sums: this build has no CUDA backend");
+}
 void launch_finish_step(StepState*, const StepConfig&, double, void*) {
   throw Error("finish_step: this build has no CUDA backend");
 }
@@ -71,6 +74,11 @@ void StepStateBuffer::drop_fill(int64_t local_samples) {
 void StepStateBuffer::drop_apply(int64_t global_samples) {
   if (device_ == Device::kCPU) return ampdist::drop_apply(*state_, global_samples);
   cuda::launch_drop_apply(state_, global_samples, device::compute_stream());
+}
+
+void StepStateBuffer::sum_rank_sums(const double* per_rank, int world) {
+  if (device_ == Device::kCPU) return ampdist::sum_rank_sums(*state_, per_rank, world);
+  cuda::launch_sum_rank_sums(state_, per_rank, world, device::compute_stream());
 }
 
 void StepStateBuffer::finish_step(const StepConfig& cfg, double loss_divisor) {

@@ -39,6 +39,7 @@ class StepStateBuffer {
   void drop_fill(int64_t local_samples);
   void drop_apply(int64_t global_samples);
   void finish_step(const StepConfig& cfg, double loss_divisor);
+  void sum_rank_sums(const double* per_rank, int world);  // per_rank: on the struct's device
 
  private:
   Device device_;

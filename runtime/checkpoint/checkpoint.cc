@@ -89,23 +89,32 @@ std::string read_file(const std::string& path) {
 struct ShardResult {
   int64_t bytes = 0, records = 0;
   uint64_t xxh3 = 0;
+  std::vector<int64_t> record_bytes;  // each record's bytes, varint length prefix included, in file order
 };
 
+int64_t default_record_elements() { return kMaxRecordBytes / static_cast<int64_t>(sizeof(float)); }
+
+// Records of each buffer over [begin, begin + count) in chunks of per_record elements: (offset, count) in order.
+std::vector<std::pair<int64_t, int64_t>> record_ranges(int64_t begin, int64_t count, int64_t per_record) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t off = begin; off < begin + count; off += per_record) out.emplace_back(off, std::min(per_record, begin + count - off));
+  return out;
+}
+
 // crash: truncate the shard halfway and SIGKILL this process; fail_errno != 0: fail the first write with it.
+// The state's tensors hold elements [state.begin, ...) of the flat buffers.
 ShardResult write_shard(const std::string& path, const CheckpointState& state, int64_t begin, int64_t count,
-                        bool crash, int fail_errno) {
+                        int64_t per_record, bool crash, int fail_errno) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error(path + ": cannot create: " + errno_text());
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   ShardResult r;
   std::string buf;
-  const int64_t per_record = kMaxRecordBytes / static_cast<int64_t>(sizeof(float));
   try {
     for (const auto& [name, tensor] : state.buffers) {
-      const float* data = tensor->data_as<float>();
-      for (int64_t off = begin; off < begin + count; off += per_record) {
-        const int64_t n = std::min(per_record, begin + count - off);
+      const float* data = tensor->data_as<float>() - state.begin;  // indexed by flat element
+      for (const auto& [off, n] : record_ranges(begin, count, per_record)) {
         ShardRecord rec;
         rec.set_run_id(state.meta.run_id());
         rec.set_buffer(name);
@@ -125,6 +134,7 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
           throw Error(path + ": write failed: " + errno_text());
         XXH3_64bits_update(h, buf.data(), buf.size());
         r.bytes += static_cast<int64_t>(buf.size());
+        r.record_bytes.push_back(static_cast<int64_t>(buf.size()));
         ++r.records;
       }
     }
@@ -351,11 +361,145 @@ void check_compatible(const std::string& path, const Manifest& m, const Checkpoi
   std::vector<std::string> cb;
   for (const auto& b : into.buffers) cb.push_back(b.first);
   if (p.lines.empty() && mb != cb) p.add(path + ": state buffers differ from this run's optimizer state");
-  // The buffers are copied whole into this run's: numel must be theirs, whatever the tensor index says.
-  for (const auto& [name, tensor] : into.buffers)
-    if (p.lines.empty() && tensor->numel() != m.numel())
+  // The buffers are copied into this run's: numel must be theirs, whatever the tensor index says.
+  for (const auto& [name, tensor] : into.buffers) {
+    const int64_t mine = into.numel >= 0 ? into.numel : tensor->numel();
+    if (p.lines.empty() && mine != m.numel())
       p.add(path + ": checkpoint of another model: " + std::to_string(m.numel()) + " elements per buffer, this " +
-            "model has " + std::to_string(tensor->numel()) + " (" + name + ")");
+            "model has " + std::to_string(mine) + " (" + name + ")");
+  }
+}
+
+// Reads elements [tb, te) of every buffer in `buffers` (name -> te - tb floats) from the records of the shards
+// that overlap them, located by ShardFileInfo.record_bytes; each record read is checked (parse, run id, buffer,
+// range, XXH3). Problems are collected, not thrown.
+void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t te,
+                std::map<std::string, std::vector<float>>& buffers, Problems& p, LoadStats& stats) {
+  const int world = m.world_size();
+  if (m.shards_size() != world) {
+    p.add((fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
+          " shards for a world of " + std::to_string(world));
+    return;
+  }
+  const int64_t numel = m.numel(), per_record = m.record_elements() > 0 ? m.record_elements() : default_record_elements();
+  auto overlaps = [&](int s) {
+    int64_t b = 0;
+    for (int r = 0; r < s; ++r) b += numel / world + (r < numel % world ? 1 : 0);
+    const int64_t e = b + numel / world + (s < numel % world ? 1 : 0);
+    return std::max(b, tb) < std::min(e, te);
+  };
+  // A manifest copied from another run: when every shard this rank reads starts with one run id, and not the
+  // manifest's, say that (the manifest is what is wrong), in one line, before sizes and hashes disagree.
+  std::set<std::string> shard_ids;
+  bool all_parse = true;
+  for (int s = 0; s < world; ++s) {
+    if (!overlaps(s)) continue;
+    const std::string file = (fs::path(path) / m.shards(s).file()).string();
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec)) continue;
+    const std::optional<std::string> id = shard_run_id(file);
+    stats.bytes_read += std::min<int64_t>(256, static_cast<int64_t>(fs::file_size(file, ec)));
+    if (id) shard_ids.insert(*id);
+    all_parse = all_parse && id.has_value();
+  }
+  if (all_parse && shard_ids.size() == 1 && *shard_ids.begin() != m.run_id()) {
+    p.add((fs::path(path) / "manifest.pb").string() + ": belongs to run " + m.run_id() + ", the shards to run " +
+          *shard_ids.begin() + " (a manifest from another run?)");
+    return;
+  }
+  std::map<std::string, int64_t> covered;
+  int64_t ob = 0;
+  for (int s = 0; s < world && p.lines.empty(); ++s) {
+    const ShardFileInfo& info = m.shards(s);
+    const int64_t count = numel / world + (s < numel % world ? 1 : 0), oe = ob + count;
+    const int64_t lo = std::max(ob, tb), hi = std::min(oe, te);
+    const int64_t shard_begin = ob;
+    ob = oe;
+    if (lo >= hi) continue;
+    const std::string file = (fs::path(path) / info.file()).string();
+    std::error_code ec;
+    if (!fs::exists(file, ec)) {
+      p.add(file + ": missing shard");
+      break;
+    }
+    if (!fs::is_regular_file(file, ec)) {
+      p.add(file + ": not a regular file");
+      break;
+    }
+    const auto size = static_cast<int64_t>(fs::file_size(file, ec));
+    if (size != info.bytes()) {
+      p.add(file + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(info.bytes()) +
+            " (truncated or overwritten)");
+      break;
+    }
+    const auto ranges = record_ranges(shard_begin, count, per_record);
+    int64_t total = 0;
+    for (int64_t b : info.record_bytes()) total += b;
+    if (info.record_bytes_size() != m.buffers_size() * std::ssize(ranges) || info.records() != info.record_bytes_size() ||
+        total != info.bytes()) {
+      p.add((fs::path(path) / "manifest.pb").string() + ": the record index of " + info.file() +
+            " does not match its size or slice");
+      break;
+    }
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    if (fd < 0) {
+      p.add(file + ": cannot be read: " + errno_text());
+      break;
+    }
+    int64_t at = 0;
+    int k = 0;
+    std::string bytes;
+    for (int b = 0; b < m.buffers_size() && p.lines.empty(); ++b) {
+      for (const auto& [off, n] : ranges) {
+        const int64_t len = info.record_bytes(k);
+        const int index = k++;
+        const int64_t pos = at;
+        at += len;
+        if (off >= hi || off + n <= lo) continue;  // a record outside the range is not read
+        auto it = buffers.find(m.buffers(b));
+        if (it == buffers.end()) continue;
+        bytes.resize(static_cast<size_t>(len));
+        if (::pread(fd, bytes.data(), bytes.size(), pos) != len) {
+          p.add(file + ": record " + std::to_string(index) + " cannot be read");
+          break;
+        }
+        stats.bytes_read += len;
+        ++stats.records;
+        pbio::CodedInputStream header(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                      static_cast<int>(std::min<int64_t>(len, 10)));
+        uint32_t rec_len = 0;
+        ShardRecord rec;
+        const bool has_len = header.ReadVarint32(&rec_len);
+        const int64_t start = header.CurrentPosition();
+        if (!has_len || start + static_cast<int64_t>(rec_len) != len ||
+            !rec.ParseFromArray(bytes.data() + start, static_cast<int>(rec_len))) {
+          p.add(file + ": record " + std::to_string(index) + " does not parse");
+          break;
+        }
+        if (rec.run_id() != m.run_id()) {
+          p.add(file + ": belongs to run " + rec.run_id() + ", the manifest to run " + m.run_id() +
+                " (a manifest from another run?)");
+          break;
+        }
+        if (rec.buffer() != m.buffers(b) || rec.offset() != off || rec.count() != n ||
+            rec.data().size() != static_cast<size_t>(n) * sizeof(float) ||
+            XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
+          p.add(file + ": record " + std::to_string(index) + " (" + m.buffers(b) + ") fails its XXH3 or range check");
+          break;
+        }
+        const int64_t c0 = std::max(off, lo), c1 = std::min(off + n, hi);
+        std::memcpy(it->second.data() + (c0 - tb), rec.data().data() + (c0 - off) * sizeof(float),
+                    static_cast<size_t>(c1 - c0) * sizeof(float));
+        covered[m.buffers(b)] += c1 - c0;
+      }
+    }
+    ::close(fd);
+  }
+  if (!p.lines.empty()) return;
+  for (const auto& [name, buffer] : buffers)
+    if (covered[name] != te - tb)
+      p.add(path + ": buffer " + name + " covers " + std::to_string(covered[name]) + " of the " +
+            std::to_string(te - tb) + " elements to load");
 }
 
 }  // namespace
@@ -372,7 +516,9 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
   const std::string name = checkpoint_name(state.meta.step());
   const fs::path tmp = fs::path(dir) / (".tmp_" + name);
   const fs::path final_path = fs::path(dir) / name;
-  const int64_t numel = state.buffers.empty() ? 0 : state.buffers.front().second->numel();
+  const int64_t numel = state.numel >= 0 ? state.numel
+                       : state.buffers.empty() ? 0 : state.buffers.front().second->numel();
+  const int64_t per_record = state.record_elements > 0 ? state.record_elements : default_record_elements();
 
   // Rank 0 clears a stale temporary directory of an earlier, interrupted save of the same step.
   std::string error;
@@ -392,6 +538,9 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
   const std::vector<int64_t> counts = shard_counts(numel, world);
   int64_t begin = 0;
   for (int r = 0; r < rank; ++r) begin += counts[r];
+  for (const auto& b : state.buffers)
+    AMPDIST_CHECK(begin >= state.begin && begin + counts[rank] <= state.begin + b.second->numel(),
+                  "the state of rank " + std::to_string(rank) + " does not hold its checkpoint shard");
   if (error.empty()) {
     try {
       const int64_t step = state.meta.step();
@@ -399,7 +548,7 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
                        faults->crash_during_save().rank() == rank;
       const bool fail = faults && faults->has_save_error() && faults->save_error().step() == step &&
                         faults->save_error().rank() == rank;
-      mine = write_shard((tmp / shard_name(rank, world)).string(), state, begin, counts[rank], die,
+      mine = write_shard((tmp / shard_name(rank, world)).string(), state, begin, counts[rank], per_record, die,
                          fail ? (faults->save_error().disk_full() ? ENOSPC : EIO) : 0);
     } catch (const std::exception& e) {
       error = e.what();
@@ -420,6 +569,19 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
   const std::vector<uint64_t> bytes = comm.allgather_u64(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");
   const std::vector<uint64_t> records = comm.allgather_u64(static_cast<uint64_t>(mine.records), "checkpoint shard records");
   const std::vector<uint64_t> hashes = comm.allgather_u64(mine.xxh3, "checkpoint shard hashes");
+  // Every record's length, for readers that seek: the same number of gathers on every rank (the most records any
+  // rank writes, which every rank can compute), each rank giving 0 past its own.
+  std::vector<std::vector<int64_t>> record_bytes(world);
+  if (failed[0] == 0) {
+    const int64_t most = static_cast<int64_t>(state.buffers.size()) *
+                         static_cast<int64_t>(record_ranges(0, counts.empty() ? 0 : counts[0], per_record).size());
+    for (int64_t k = 0; k < most; ++k) {
+      const int64_t len = k < std::ssize(mine.record_bytes) ? mine.record_bytes[k] : 0;
+      const std::vector<uint64_t> all = comm.allgather_u64(static_cast<uint64_t>(len), "checkpoint record sizes");
+      for (int r = 0; r < world; ++r)
+        if (all[r] > 0) record_bytes[r].push_back(static_cast<int64_t>(all[r]));
+    }
+  }
   if (failed[0] > 0) {
     // Nothing of this save is kept (it may be what filled the disk); nothing older was touched.
     if (rank == 0) {
@@ -437,6 +599,7 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
       m.set_format_version(kFormatVersion);
       m.set_world_size(world);
       m.set_numel(numel);
+      m.set_record_elements(per_record);
       m.clear_buffers();
       for (const auto& b : state.buffers) m.add_buffers(b.first);
       m.clear_shards();
@@ -447,6 +610,7 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
         s->set_bytes(static_cast<int64_t>(bytes[r]));
         s->set_records(static_cast<int64_t>(records[r]));
         s->set_xxh3(hashes[r]);
+        for (int64_t b : record_bytes[r]) s->add_record_bytes(b);
       }
       ManifestFile mf;
       mf.set_manifest(m.SerializeAsString());
@@ -511,20 +675,42 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
   return p.lines;
 }
 
-Manifest load_checkpoint(Communicator& comm, const std::string& path, CheckpointState& into) {
+Manifest load_checkpoint(Communicator& comm, const std::string& path, CheckpointState& into, LoadStats* stats) {
   Problems p;
   Manifest m;
+  LoadStats local;
   std::map<std::string, std::vector<float>> staged;
+  // What this rank reads: its slice of this world (replicated state is completed by an all-gather afterwards), or
+  // the slice its sharded state holds.
+  const int64_t held = into.buffers.empty() ? 0 : into.buffers.front().second->numel();
+  const bool replicated = into.numel < 0 || (into.begin == 0 && held == into.numel);
+  const std::vector<int64_t> counts = shard_counts(into.numel >= 0 ? into.numel : held, comm.world_size());
+  int64_t tb = into.begin;
+  if (replicated) {
+    tb = 0;
+    for (int r = 0; r < comm.rank(); ++r) tb += counts[r];
+  }
+  const int64_t te = tb + (replicated ? counts[comm.rank()] : held);
   try {
     m = read_manifest(path);
     check_compatible(path, m, into, p);
-    if (p.lines.empty()) {
+    const bool indexed = m.shards_size() > 0 &&
+                         std::all_of(m.shards().begin(), m.shards().end(),
+                                     [](const ShardFileInfo& s) { return s.record_bytes_size() > 0 || s.records() == 0; });
+    if (p.lines.empty() && indexed) {
+      for (const auto& b : into.buffers) staged[b.first].assign(static_cast<size_t>(te - tb), 0.0f);
+      read_range(path, m, tb, te, staged, p, local);
+    } else if (p.lines.empty()) {  // a checkpoint without a record index: read whole, keep the range
       for (const auto& b : into.buffers) staged[b.first];  // sized by read_shards
       read_shards(path, m, &staged, p);
+      for (auto& [name, v] : staged)
+        if (p.lines.empty()) v = std::vector<float>(v.begin() + tb, v.begin() + te);
+      for (const ShardFileInfo& s : m.shards()) local.bytes_read += s.bytes();
     }
   } catch (const Error& e) {
     p.add(e.what());
   }
+  if (stats) *stats = local;
   // Every rank read and checked everything; they agree before any state changes.
   int64_t bad[1] = {p.lines.empty() ? 0 : 1};
   comm.allreduce_i64(bad, ReduceOp::kSum, "checkpoint verification all-reduce");
@@ -536,7 +722,9 @@ Manifest load_checkpoint(Communicator& comm, const std::string& path, Checkpoint
   }
   for (auto& [name, tensor] : into.buffers) {
     const std::vector<float>& src = staged.at(name);
-    std::memcpy(tensor->data(), src.data(), src.size() * sizeof(float));
+    std::memcpy(tensor->data_as<float>() + (tb - into.begin), src.data(), src.size() * sizeof(float));
+    if (replicated && comm.world_size() > 1)
+      comm.allgather_inplace_async(tensor->data(), counts, DType::kFloat32, "checkpoint load all-gather")->wait();
   }
   return m;
 }
@@ -555,6 +743,35 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   for (auto it = all.rbegin(); it != all.rend(); ++it)
     if (verify_checkpoint(it->second).empty()) return it->second;
   return std::nullopt;
+}
+
+std::vector<std::string> resume_candidates(const std::string& dir) {
+  std::vector<std::string> order;
+  std::error_code ec;
+  const fs::path latest = fs::path(dir) / "latest";
+  if (fs::exists(latest, ec)) {
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    if (step_of(name) >= 0) order.push_back((fs::path(dir) / name).string());
+  }
+  auto all = complete_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (std::find(order.begin(), order.end(), it->second) == order.end()) order.push_back(it->second);
+  std::vector<std::string> out;
+  for (const std::string& path : order) {
+    try {
+      const Manifest m = read_manifest(path);
+      bool whole = m.shards_size() == m.world_size();
+      for (const ShardFileInfo& s : m.shards()) {
+        const fs::path f = fs::path(path) / s.file();
+        whole = whole && fs::is_regular_file(f, ec) && static_cast<int64_t>(fs::file_size(f, ec)) == s.bytes();
+      }
+      if (whole) out.push_back(path);
+    } catch (const Error&) {
+    }
+  }
+  return out;
 }
 
 std::vector<float> read_checkpoint_buffer(const std::string& path, const std::string& buffer) {

@@ -6,10 +6,12 @@
 // `latest` atomically, and only then prunes checkpoints beyond keep_last. A crash at any point leaves either the
 // previous checkpoints untouched plus a .tmp directory that is never chosen, or the new checkpoint complete.
 //
-// Load (collective): every rank reads the manifest and every shard, checks sizes, file hashes, record hashes, the
-// run id and that the checkpoint's tensors match this model and optimizer, and agrees with the other ranks, before
-// it writes any state; then it fills the full buffers (every rank holds full replicas), whatever the world size at
-// save. A problem is an ampdist::Error of kind kBadInput naming the file.
+// Load (collective): every rank reads the manifest and only the records of the shards that overlap the slice it
+// needs (its slice of the new world; ShardFileInfo.record_bytes locates them), checks each record's XXH3, run id,
+// buffer and range, and that the checkpoint's tensors match this model and optimizer, and agrees with the other ranks
+// before it writes any state. A replicated state (every buffer whole on every rank) is then completed by an
+// all-gather; a sharded one (optimizer.zero_stage 1) keeps its slice. Any world size at save, any at load. A problem
+// is an ampdist::Error of kind kBadInput naming the file. verify_checkpoint still reads and checks everything.
 #pragma once
 
 #include <cstdint>
@@ -27,10 +29,22 @@ namespace ampdist {
 // Records hold at most this much payload (64 MiB), so no single protobuf message approaches its 2 GiB limit.
 constexpr int64_t kMaxRecordBytes = int64_t{64} << 20;
 
-// What a checkpoint holds, as views of the trainer's state. Buffers are [numel] FP32, full on every rank.
+// What a checkpoint holds, as views of the trainer's state (host FP32 tensors, all of one length).
 struct CheckpointState {
   Manifest meta;  // scalar fields (step, scaler, optimizer, tensors, config, ...); shards and buffers filled by save
   std::vector<std::pair<std::string, Tensor*>> buffers;  // "master" first, then the optimizer's moments
+  // The flat buffers' length, and where in them the tensors above start: numel < 0 means the tensors are the whole
+  // buffers (replicated state, begin 0); with sharded state each rank's tensors are its slice [begin, begin + length),
+  // which must contain the rank's checkpoint shard (shard_counts(numel, world)[rank]).
+  int64_t numel = -1;
+  int64_t begin = 0;
+  int64_t record_elements = 0;  // save: elements per record (0: kMaxRecordBytes / 4); smaller only in tests
+};
+
+// What a load read, on this rank.
+struct LoadStats {
+  int64_t bytes_read = 0;  // bytes of shard files read
+  int64_t records = 0;     // records read and checked
 };
 
 // "step_00001200"
@@ -49,7 +63,8 @@ Manifest read_manifest(const std::string& path);
 // Collective. Verifies the checkpoint at `path` against `into` (same tensors and buffers) and then copies every
 // buffer into `into.buffers`. Returns the manifest. Throws Error (kBadInput) on every rank, before touching any
 // state, when any rank found a problem.
-Manifest load_checkpoint(Communicator& comm, const std::string& path, CheckpointState& into);
+Manifest load_checkpoint(Communicator& comm, const std::string& path, CheckpointState& into,
+                         LoadStats* stats = nullptr);
 
 // Every problem of the checkpoint at `path` (manifest, sizes, hashes, records, coverage), one line each; empty when
 // it is whole. Reads everything; no communication.
@@ -58,6 +73,11 @@ std::vector<std::string> verify_checkpoint(const std::string& path);
 // The newest complete checkpoint under `dir`: the one `latest` names when it verifies, else the highest-step
 // step_* directory whose manifest verifies. Partial (.tmp_*) directories are never returned.
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
+
+// The checkpoints under `dir` a resume may try, newest first (`latest` first when it names one): those whose manifest
+// verifies and whose shard files exist with the sizes it lists. Reads manifests only, so every rank can call it; a
+// load then checks every byte it reads (and fails alike on every rank, so the caller can try the next).
+std::vector<std::string> resume_candidates(const std::string& dir);
 
 // Reads one whole flat buffer (e.g. "master") of a verified checkpoint into host memory, for tools.
 std::vector<float> read_checkpoint_buffer(const std::string& path, const std::string& buffer);

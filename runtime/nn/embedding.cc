@@ -23,6 +23,7 @@ Embedding::Embedding(std::string name, int64_t vocab_size, int64_t max_positions
   wpe_.name = "wpe.weight";
   wpe_.shape = {max_positions, channels};
   wpe_.init_bound = bound;
+  wte_.reads_fp32 = wpe_.reads_fp32 = true;  // the embedding is a gather from the FP32 weights
 }
 
 void Embedding::collect_parameters(std::vector<Parameter*>& out) {

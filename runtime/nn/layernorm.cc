@@ -15,6 +15,7 @@ LayerNorm::LayerNorm(std::string name, int64_t channels, float eps)
   bias_.name = this->name() + ".bias";
   bias_.shape = {channels};
   bias_.init = ParamInit::kZeros;
+  weight_.reads_fp32 = bias_.reads_fp32 = true;  // statistics and normalisation in FP32
 }
 
 void LayerNorm::collect_parameters(std::vector<Parameter*>& out) {

@@ -19,10 +19,13 @@ FlatLayout flat_layout(std::span<Parameter* const> params) {
 }
 
 std::unique_ptr<MasterWeights> bind_parameters(std::span<Parameter* const> params, DType working_dtype,
-                                               Device device, uint64_t seed) {
-  auto masters = std::make_unique<MasterWeights>(flat_layout(params), working_dtype, device);
+                                               Device device, uint64_t seed, MasterSlice slice) {
+  FlatLayout layout = flat_layout(params);
+  std::vector<bool> fp32_reads;
+  for (const Parameter* p : params) fp32_reads.push_back(p->reads_fp32);
+  auto masters = std::make_unique<MasterWeights>(std::move(layout), working_dtype, device, slice, fp32_reads);
   for (Parameter* p : params) {
-    p->master = masters->master_view(p->index);
+    p->master = masters->fp32_view(p->index);
     p->grad = masters->grad_view(p->index);
     p->working = masters->working_view(p->index);
   }
@@ -31,19 +34,15 @@ std::unique_ptr<MasterWeights> bind_parameters(std::span<Parameter* const> param
 }
 
 void initialize_parameters(std::span<Parameter* const> params, MasterWeights& masters, uint64_t seed) {
-  Tensor& master = masters.master();
-  Tensor host = master.device() == Device::kCPU ? master : Tensor::empty(master.shape(), DType::kFloat32);
-  for (const Parameter* p : params) {
-    float* w = host.data_as<float>() + p->offset;
+  masters.fill([&](size_t index, int64_t first, int64_t count, float* out) {
+    const Parameter* p = params[index];
     const RngStream rng{seed, {0, 0, static_cast<uint32_t>(p->index)}, RngPurpose::kInit};
-    for (int64_t i = 0; i < p->numel(); ++i) {
-      w[i] = p->init == ParamInit::kZeros  ? 0.0f
-             : p->init == ParamInit::kOnes ? 1.0f
-                                           : (2.0f * rng.uniform(i) - 1.0f) * p->init_bound;
+    for (int64_t i = 0; i < count; ++i) {
+      out[i] = p->init == ParamInit::kZeros  ? 0.0f
+               : p->init == ParamInit::kOnes ? 1.0f
+                                             : (2.0f * rng.uniform(first + i) - 1.0f) * p->init_bound;
     }
-  }
-  if (master.device() != Device::kCPU) host.copy_to(master);
-  masters.cast_to_working();
+  });
 }
 
 namespace {
@@ -107,6 +106,7 @@ Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool
   bias_.name = this->name() + ".bias";
   bias_.shape = {out_features};
   bias_.init_bound = bound;
+  weight_.reads_fp32 = bias_.reads_fp32 = dtype_ == DType::kFloat32;
 }
 
 void Linear::collect_parameters(std::vector<Parameter*>& out) {

@@ -29,27 +29,37 @@ struct Parameter {
   Shape shape;
   ParamInit init = ParamInit::kUniform;
   float init_bound = 0.0f;
+  // An FP32 op reads this parameter (LayerNorm, an embedding gather, a layer forced to FP32): with sharded master
+  // weights and a 16-bit working copy it then gets a full FP32 copy. Set by the layer that owns it.
+  bool reads_fp32 = false;
 
   // Set by bind_parameters:
   int index = -1;       // registration order (the parameter's index in the flat layout)
   int64_t offset = -1;  // element offset in the flat buffers
-  Tensor master;        // FP32 view into the master buffer
-  Tensor working;       // view into the working copy (the master buffer itself in an FP32 run)
+  Tensor master;        // the full FP32 values an FP32 op reads (MasterWeights::fp32_view: the master, unsharded)
+  Tensor working;       // view into the working copy (the master buffer itself in an unsharded FP32 run)
   Tensor grad;          // FP32 view into the gradient buffer
 
   int64_t numel() const { return shape_numel(shape); }
-  // The copy an op computing in `dtype` reads: the working copy, or the FP32 master for an FP32 op.
-  const Tensor& weights_for(DType dtype) const { return dtype == DType::kFloat32 ? master : working; }
+  // The copy an op computing in `dtype` reads: the working copy, or the FP32 values for an FP32 op. Throws Error when
+  // a sharded 16-bit run has no FP32 copy of this parameter (its layer did not set reads_fp32).
+  const Tensor& weights_for(DType dtype) const {
+    if (dtype != DType::kFloat32) return working;
+    if (!master.data() && numel() > 0)
+      throw Error(name + ": read in FP32, but it has no FP32 copy with sharded master weights (reads_fp32 unset)");
+    return master;
+  }
 };
 
 // The flat layout of `params` in registration order (names, shapes, back-to-back offsets).
 FlatLayout flat_layout(std::span<Parameter* const> params);
-// Master weights for `params`: the flat buffers on `device`, each parameter's index, offset and master / working /
-// grad views pointing into them, and the master weights filled from each parameter's init rule with the
-// counter-based RNG keyed by (seed, parameter index), identical on every rank without a broadcast (drawn on the
-// host, then copied to the device), then cast to the working copy. Parameters must outlive the result.
+// Master weights for `params`: the flat buffers on `device` (this rank's slice of the master weights when `slice`
+// shards them), each parameter's index, offset and master / working / grad views pointing into them, and the master
+// weights filled from each parameter's init rule with the counter-based RNG keyed by (seed, parameter index),
+// identical on every rank without a broadcast (drawn on the host, then copied to the device), then cast to the
+// working copy. Parameters must outlive the result.
 std::unique_ptr<MasterWeights> bind_parameters(std::span<Parameter* const> params, DType working_dtype,
-                                               Device device, uint64_t seed);
+                                               Device device, uint64_t seed, MasterSlice slice = {});
 // Fills the master weights of bound parameters from their init rules again (as bind_parameters does).
 void initialize_parameters(std::span<Parameter* const> params, MasterWeights& masters, uint64_t seed);
 

@@ -310,6 +310,8 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   positive("optimizer.lr", o.lr());
   non_negative("optimizer.weight_decay", o.weight_decay());
   non_negative("optimizer.clip_grad_norm", o.clip_grad_norm());
+  if (o.zero_stage() != 0 && o.zero_stage() != 1)
+    fail("optimizer.zero_stage", "must be 0 (replicated optimizer state) or 1 (sharded)", str(o.zero_stage()));
   if (o.accumulation_steps() < 1)
     fail("optimizer.accumulation_steps", "must be >= 1", str(o.accumulation_steps()));
   if (o.has_sgd()) {

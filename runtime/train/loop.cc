@@ -177,17 +177,21 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   s.skipped_steps = trainer.scaler().state().skipped_steps;
   s.final_scale = trainer.scaler().scale();
   s.samples_per_s = s.train_seconds > 0 ? static_cast<double>(samples) / s.train_seconds : 0.0;
-  s.master_hash = trainer.masters().hash();
+  s.master_hash = trainer.master_hash();  // collective when the master weights are sharded
   s.peak_rss_mb = peak_rss_mb();
   if (timer) {  // checkpoint saves after the last log step
     const PhaseTimes pt = timer->collect();
     for (size_t i = 0; i < pt.seconds.size(); ++i) s.phases.seconds[i] += pt.seconds[i];
   }
-  const std::vector<uint64_t> hashes = comm.allgather_u64(s.master_hash, "master weights hash gather");
+  // Every rank must hold the same replicated state: the master weights, or with sharded master weights the working
+  // copy (the all-gathered result of every slice).
+  const bool sharded = trainer.sharded();
+  const std::vector<uint64_t> hashes =
+      comm.allgather_u64(sharded ? trainer.masters().working_hash() : s.master_hash, "master weights hash gather");
   for (size_t r = 0; r < hashes.size(); ++r) {
     if (hashes[r] != hashes[0])
-      throw Error("master weights differ across ranks: rank 0 has " + hex16(hashes[0]) + ", rank " +
-                  std::to_string(r) + " has " + hex16(hashes[r]))
+      throw Error(std::string(sharded ? "working copies" : "master weights") + " differ across ranks: rank 0 has " +
+                  hex16(hashes[0]) + ", rank " + std::to_string(r) + " has " + hex16(hashes[r]))
           .set_collective();
   }
   sinks.summary(s);

@@ -84,16 +84,15 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   phase_end(Phase::kUnscaleConsensus);
 
   phase_begin(Phase::kOptimizer);
-  // Reduce-scatter mode all-gathers the shards only for a step that applies, so the host needs the agreed flag
-  // here; the norm is then taken over the whole gathered gradient.
-  const bool per_step_flag = reducer_->mode() == Reducer::Mode::kReduceScatter || numerics_ != nullptr;
-  const bool skipped_here = per_step_flag && agreed_found_inf();
-  if (reducer_->mode() == Reducer::Mode::kReduceScatter && !skipped_here) {
-    reducer_->gather();
-    kernels::sum_squares(masters_->grads(), &st->sum_sq);
-  }
+  if (sharded()) reduce_slice_sums();  // the global norm from every rank's slice
   state_->finish_step(step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update
-  optimizer_->step(masters_->master(), masters_->grads(), &st->gate);     // a no-op on a skipped step
+  Tensor grads = masters_->grad_slice();
+  optimizer_->step(masters_->master(), grads, &st->gate);  // a no-op on a skipped step
+  // Sharded state all-gathers the updated working copy, and not on a skipped step, so the host needs the agreed flag
+  // here (a 4-byte read; the numerics report needs it too).
+  const bool per_step_flag = sharded() || numerics_ != nullptr;
+  const bool skipped_here = per_step_flag && agreed_found_inf();
+  if (sharded() && !skipped_here) publish();
   phase_end(Phase::kOptimizer);
   if (timer_) timer_->end_step();
 
@@ -141,6 +140,27 @@ ConsensusFields Trainer::consensus_fields() {
   f.agreed_stop = &st->agreed_stop;
   f.disagree = &st->disagree;
   return f;
+}
+
+void Trainer::reduce_slice_sums() {
+  const int world = comm_.world_size();
+  double* sums = static_cast<double*>(rank_sums_.data());
+  device::copy(sums + comm_.rank(), device_, &state_->get()->sum_sq, device_, sizeof(double));
+  // A double travels as four 16-bit words: an all-gather only moves bytes, and no float format sees them.
+  const std::vector<int64_t> counts(static_cast<size_t>(world), 4);
+  comm_.allgather_inplace_async(sums, counts, DType::kFloat16, "sum of squares all-gather")->wait();
+  state_->sum_rank_sums(sums, world);
+}
+
+void Trainer::publish() {
+  masters_->update_working_slice();
+  comm_.allgather_inplace_async(masters_->working().data(), masters_->slice_counts(), masters_->working_dtype(),
+                                "working copy all-gather")
+      ->wait();
+  if (masters_->fp32_copy().numel() > 0 && masters_->fp32_copy().data())
+    comm_.allgather_inplace_async(masters_->fp32_copy().data(), masters_->fp32_counts(), DType::kFloat32,
+                                  "FP32 copy all-gather")
+        ->wait();
 }
 
 bool Trainer::agreed_found_inf() {

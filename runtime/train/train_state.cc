@@ -1,5 +1,8 @@
 // The trainer's state beyond the flat buffers: reading the step state back to the host, and what a checkpoint saves
 // and restores.
+#include <xxhash.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/core/device.h"
@@ -27,6 +30,52 @@ void Trainer::read_state(StepResult& r) {
   r.stop = h.stop != 0;
   r.dropped_ranks = static_cast<int>(h.dropped_rank_steps);
   r.dropped_samples = h.dropped_samples;
+}
+
+template <typename F> void Trainer::for_each_master_chunk(F&& fn) {
+  Tensor& master = masters_->master();
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  if (!sharded()) {
+    const Tensor host = device_ == Device::kCPU ? master : master.to(Device::kCPU);
+    const float* p = host.data_as<float>();
+    for (int64_t off = 0; off < host.numel(); off += kChunk) fn(p + off, std::min(kChunk, host.numel() - off));
+    return;
+  }
+  // Rank r's slice, chunk by chunk, to every rank: an all-gather in which only r contributes is a broadcast.
+  const std::vector<int64_t>& slices = masters_->slice_counts();
+  const int world = comm_.world_size();
+  Tensor chunk = Tensor::empty({std::min(kChunk, std::max<int64_t>(slices.empty() ? 1 : slices[0], 1))},
+                               DType::kFloat32, device_);
+  std::vector<float> host(static_cast<size_t>(chunk.numel()));
+  for (int r = 0; r < world; ++r) {
+    for (int64_t off = 0; off < slices[r]; off += chunk.numel()) {
+      const int64_t n = std::min(chunk.numel(), slices[r] - off);
+      if (r == comm_.rank())
+        device::copy(chunk.data(), device_, master.data_as<float>() + off, device_, n * sizeof(float));
+      std::vector<int64_t> counts(static_cast<size_t>(world), 0);
+      counts[r] = n;
+      comm_.allgather_inplace_async(chunk.data(), counts, DType::kFloat32, "master weights broadcast")->wait();
+      device::copy(host.data(), Device::kCPU, chunk.data(), device_, n * sizeof(float));
+      fn(host.data(), n);
+    }
+  }
+}
+
+uint64_t Trainer::master_hash() {
+  if (!sharded()) return masters_->hash();
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  for_each_master_chunk([&](const float* p, int64_t n) { XXH3_64bits_update(h, p, n * sizeof(float)); });
+  const uint64_t out = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return out;
+}
+
+std::vector<float> Trainer::gather_master() {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(masters_->numel()));
+  for_each_master_chunk([&](const float* p, int64_t n) { out.insert(out.end(), p, p + n); });
+  return out;
 }
 
 StepResult Trainer::read_now() {
@@ -77,7 +126,9 @@ CheckpointState Trainer::checkpoint_state() {
     t->set_offset(e.offset);
     t->set_numel(e.numel());
   }
-  m.set_master_xxh3(masters_->hash());
+  m.set_master_xxh3(master_hash());
+  s.numel = masters_->numel();
+  s.begin = masters_->slice_begin();  // 0 when replicated: the tensors are then the whole buffers
   if (device_ == Device::kCPU) {
     s.buffers.emplace_back("master", &masters_->master());
     for (auto& b : optimizer_->state()) s.buffers.push_back(b);
@@ -126,8 +177,9 @@ std::string Trainer::restore(const Manifest& m) {
     host_master_.copy_to(masters_->master());
     const auto state = optimizer_->state();
     for (size_t i = 0; i < state.size() && i < host_optim_.size(); ++i) host_optim_[i].copy_to(*state[i].second);
-    masters_->cast_to_working();
   }
+  masters_->cast_to_working();
+  if (sharded()) publish();  // every rank restored its slice: rebuild the whole working copy
   write_state();
   if (sampler_) {
     // Continue at the same global sample position; with the same global batch (any world size, any

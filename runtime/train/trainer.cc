@@ -31,14 +31,17 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   kernels::set_num_threads(threads);
 
   model_->collect_parameters(params_);
-  masters_ = bind_parameters(params_, working, device_, cfg_.train().seed());
+  // ZeRO stage 1: this rank's slice of the master weights and optimizer state (comm.mode REDUCE_SCATTER is stage 1).
+  const bool sharded = cfg_.optimizer().zero_stage() == 1 || cfg_.comm().mode() == REDUCE_SCATTER;
+  masters_ = bind_parameters(params_, working, device_, cfg_.train().seed(),
+                             sharded ? MasterSlice{comm_.rank(), comm_.world_size()} : MasterSlice{});
   scaler_ = LossScaler::from_config(cfg_.precision(), dtype_to_name(working));
   const int64_t cap_bytes = static_cast<int64_t>(cfg_.comm().bucket_cap_mb() * 1024.0 * 1024.0);
-  reducer_ = std::make_unique<Reducer>(
-      comm_, masters_->grads(), masters_->layout(), std::max<int64_t>(cap_bytes, 1),
-      resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),  // AUTO reduce dtype: FP32 on either device
-      cfg_.comm().mode() == REDUCE_SCATTER ? Reducer::Mode::kReduceScatter : Reducer::Mode::kAllreduce);
-  optimizer_ = make_optimizer(cfg_.optimizer(), masters_->numel(), device_);
+  reducer_ = std::make_unique<Reducer>(comm_, masters_->grads(), masters_->layout(), std::max<int64_t>(cap_bytes, 1),
+                                       resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),  // AUTO: FP32
+                                       masters_->slice_counts());
+  optimizer_ = make_optimizer(cfg_.optimizer(), masters_->slice_count(), device_);
+  if (sharded) rank_sums_ = Tensor::zeros({4 * static_cast<int64_t>(comm_.world_size())}, DType::kFloat16, device_);
   grad_ctx_.on_grad_ready = [this](Parameter& p) { on_grad_ready(p); };
 
   const int accumulation = cfg_.optimizer().accumulation_steps();

@@ -120,6 +120,16 @@ class Trainer {
   int64_t micro_batch_size() const { return micro_batch_; }
   const DueSteps& due() const { return *due_; }
 
+  // optimizer.zero_stage 1 (or comm.mode REDUCE_SCATTER): each rank holds only its slice of the master weights and
+  // the optimizer moments (masters().master(), the optimizer's state), and the working copy is all-gathered after
+  // every applied step.
+  bool sharded() const { return masters_->sharded(); }
+  // XXH3-64 of the whole FP32 master buffer, the same on every rank. Collective when sharded (each rank's slice is
+  // broadcast in chunks and hashed in order, so the result equals the hash of a replicated run's buffer).
+  uint64_t master_hash();
+  // The whole FP32 master buffer on the host (collective when sharded; for tests and tools).
+  std::vector<float> gather_master();
+
   Module& model() { return *model_; }
   MasterWeights& masters() { return *masters_; }
   // The host's view of the loss scaler and the optimizer's step count: up to date after every read.
@@ -144,6 +154,12 @@ class Trainer {
   ConsensusFields consensus_fields();
   // The agreed skip flag of the step just decided, on the host (a 4-byte read: the modes that need it every step).
   bool agreed_found_inf();
+  // Sharded: the global sum of squares from every rank's slice sum (all-gathered, summed in rank order: every rank
+  // gets the same bits), and the all-gather of the updated working copy.
+  void reduce_slice_sums();
+  void publish();
+  // Calls fn(values, count) for the whole master buffer in order, in chunks (collective when sharded).
+  template <typename F> void for_each_master_chunk(F&& fn);
   // ---- train_state.cc
   void read_state(StepResult& r);  // the step state -> host: scaler, step count, result fields; throws on a status
   void write_state();              // host scaler and step count -> the step state
@@ -182,6 +198,7 @@ class Trainer {
   std::vector<int32_t> eval_y_;
   Tensor host_master_;                 // host copies for checkpoints of GPU runs
   std::vector<Tensor> host_optim_;
+  Tensor rank_sums_;   // sharded: every rank's sum of squares (a double as 4 x 16 bits each), on the step's device
   std::string run_id_;
 
   // ---- observability (runtime/obs)

@@ -91,16 +91,15 @@ void skip_together(ReduceMode mode, int victim, NonFiniteValue value) {
       optimizer { adamw {} lr: 0.001 weight_decay: 0.1 }
       precision { dtype: FP16 }
       comm { bucket_cap_mb: 0.0003 mode: )") + (mode == REDUCE_SCATTER ? "REDUCE_SCATTER" : "ALLREDUCE") + " }");
-  // The poisoned element: in reduce-scatter mode one inside the victim's own shard of the first bucket, so that
-  // only the victim ever sees it; in all-reduce mode any element of the victim's local gradient.
+  // The poisoned element: in reduce-scatter mode (sharded state) the first of the victim's own slice, so that only
+  // the victim ever checks it; in all-reduce mode an element of the first bucket of the victim's local gradient.
   int64_t element = 0;
   {
     auto probe = make_trainer(config(base), comm);
     const BucketLayout& b0 = probe->reducer().buckets().at(0);
-    const std::vector<int64_t> counts = shard_counts(b0.end - b0.begin, comm.world_size());
-    element = b0.begin;
-    for (int r = 0; r < victim; ++r) element += counts[r];
-    if (mode == ALLREDUCE) element = b0.begin + 1;
+    element = mode == ALLREDUCE ? b0.begin + 1 : probe->masters().slice_begin();
+    std::vector<uint64_t> begins = comm.allgather_u64(static_cast<uint64_t>(element), "slice begins");
+    element = static_cast<int64_t>(begins[victim]);
   }
   RunConfig cfg = config(base);
   NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
@@ -115,8 +114,11 @@ void skip_together(ReduceMode mode, int victim, NonFiniteValue value) {
   t->step();
   t->step();
   const Snapshot after2 = snapshot(*t);
+  // The fp16 weights the next forward reads: the cast of the step-2 master weights (sharded state keeps the working
+  // copy current after each applied step; replicated state casts at the start of the next step).
   Tensor working2 = Tensor::empty({t->masters().numel()}, DType::kFloat16);
-  kernels::cast(t->masters().master(), working2);
+  if (t->sharded()) t->masters().working().copy_to(working2);
+  else kernels::cast(t->masters().master(), working2);
   EXPECT_EQ(t->scaler().scale(), 65536.0f);
 
   const StepResult r3 = t->step();
@@ -136,7 +138,8 @@ void skip_together(ReduceMode mode, int victim, NonFiniteValue value) {
   EXPECT_EQ(r4.scale, 32768.0f);
   EXPECT_NE(bytes(t->masters().master()), after2.master);
   EXPECT_EQ(t->optimizer().step_count(), 3);
-  EXPECT_TRUE(same_on_all_ranks(comm, t->masters().hash()));
+  // Replicated state: the master weights; sharded: each rank's slice differs, the all-gathered working copy not.
+  EXPECT_TRUE(same_on_all_ranks(comm, t->sharded() ? t->masters().working_hash() : t->masters().hash()));
   EXPECT_TRUE(same_on_all_ranks(comm, float_bits(t->scaler().scale())));
   EXPECT_TRUE(same_on_all_ranks(comm, static_cast<uint64_t>(t->scaler().state().skipped_steps)));
 }
@@ -196,13 +199,14 @@ TEST(C4, NormIsFiveAndClippedStepIsPointSixPointEight) {
       optimizer { sgd {} lr: 1.0 clip_grad_norm: 1.0 }
       comm { mode: )" + mode + R"( }
       precision { dtype: FP16 static_scale { scale: 1024 } })"), comm, 2, 1);
-  const std::vector<float> w0(t->masters().master().data_as<float>(), t->masters().master().data_as<float>() + 2);
+  // The whole master buffer: with sharded state (REDUCE_SCATTER is ZeRO stage 1) each rank holds only its slice.
+  const std::vector<float> w0 = t->gather_master();
   const StepResult r = t->step(c4_batch(), 4 * comm.world_size());
   EXPECT_FALSE(r.skipped);
   EXPECT_EQ(r.scale, 1024.0f);
   // Every product and sum here is exact in fp16/FP32 (small integers times powers of two), so the norm is exact.
   EXPECT_EQ(r.grad_norm, 5.0);
-  const float* w1 = t->masters().master().data_as<float>();
+  const std::vector<float> w1 = t->gather_master();
   // lr * clip factor = 1 / (5 + 1e-6): the update is 0.6 and 0.8 to within 2e-7 plus FP32 rounding of w.
   EXPECT_NEAR(w1[0] - w0[0], -0.6f, 1e-6);
   EXPECT_NEAR(w1[1] - w0[1], -0.8f, 1e-6);

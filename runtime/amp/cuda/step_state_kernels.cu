@@ -13,6 +13,9 @@ namespace {
 __global__ void k_begin_step(StepState* st) { begin_step(*st); }
 __global__ void k_drop_fill(StepState* st, int64_t local_samples) { drop_fill(*st, local_samples); }
 __global__ void k_drop_apply(StepState* st, int64_t global_samples) { drop_apply(*st, global_samples); }
+__global__ void k_sum_rank_sums(StepState* st, const double* per_rank, int world) {
+  sum_rank_sums(*st, per_rank, world);
+}
 __global__ void k_finish_step(StepState* st, StepConfig cfg, double divisor) { finish_step(*st, cfg, divisor); }
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -34,6 +37,10 @@ void launch_drop_fill(StepState* st, int64_t local_samples, void* s) {
 void launch_drop_apply(StepState* st, int64_t global_samples, void* s) {
   k_drop_apply<<<1, 1, 0, as_stream(s)>>>(st, global_samples);
   check("drop_apply");
+}
+void launch_sum_rank_sums(StepState* st, const double* per_rank, int world, void* s) {
+  k_sum_rank_sums<<<1, 1, 0, as_stream(s)>>>(st, per_rank, world);
+  check("sum_rank_sums");
 }
 void launch_finish_step(StepState* st, const StepConfig& cfg, double loss_divisor, void* s) {
   k_finish_step<<<1, 1, 0, as_stream(s)>>>(st, cfg, loss_divisor);
