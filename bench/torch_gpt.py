@@ -207,7 +207,13 @@ def main():
             with open(args.json, "w") as f:
                 f.write(text + "\n")
     if world > 1:
-        dist.destroy_process_group()
+        # Both ranks are done once past this barrier. Then leave without tearing the gloo group and DDP down:
+        # torch 1.13's destructors can block forever once the peer has exited (seen: a rank stuck after main()
+        # returned, 1 run in about 6).
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
