@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # ampdist on a real SLURM (Debian 12's slurmctld, slurmd, munge; 22.05 with the pmix MPI plugin) of two nodes,
 # hostA and hostB, each in its own network namespace joined by veth (tests/e2e/lib/slurm.sh, on top of the
-# namespaces of tests/e2e/lib/netns.sh); 2 ranks per node. The main job with fewer steps (600), a checkpoint every
-# 100 steps, comm.timeout_s = 10 s:
+# namespaces of tests/e2e/lib/netns.sh); 2 ranks per node. The main job with fewer steps (300), a checkpoint every
+# 50 steps, comm.timeout_s = 10 s:
 #  1. `srun -N 2 -n 4 --mpi=pmix` puts ranks 0-1 on hostA and 2-3 on hostB (`ampdist env`) and trains to the test
-#     accuracy and master weights hash of `mpirun -np 4` on one host (the CPU backend is deterministic: same world
-#     size, same bits).
-#  2. `sbatch launch/slurm/ampdist.sbatch` on 2 nodes, `scontrol requeue` after the step-100 checkpoint: SLURM's
+#     accuracy and master weights hash of `mpirun -np 4` on one host (the CPU backend is deterministic for a world
+#     size and placement; srun is given --ntasks-per-node=2, as 3 + 1 ranks per node gave other bits).
+#  2. `sbatch launch/slurm/ampdist.sbatch` on 2 nodes, `scontrol requeue` after the first checkpoint: SLURM's
 #     SIGTERM makes every rank save at the same step and the script exit 0; the job restarts (restart 1), resumes
 #     from that step with --resume auto and ends bitwise equal to the uninterrupted run of 1.
 #  3. The script's --signal=B:USR1@300 with --time=5: the warning is due at once and SLURM sends it at its next
-#     time-limit check (slurmctld checks every 30 s); every rank saves at the same step, the job ends COMPLETED
-#     with exit code 0 before its limit.
+#     time-limit check (slurmctld checks every 30 s); every rank (2, one per node) saves at the same step, the job
+#     ends COMPLETED with exit code 0 before its limit. It runs next to 1 and 2.
 #  4. hostB lost mid-job (its link cut and every process on it killed, as when a node dies): within comm.timeout_s
 #     the ranks on hostA stop with one line naming ranks 2 and 3 as silent, the job ends within comm.timeout_s plus
 #     SLURM's own detection, no rank is left running, and the last checkpoint verifies intact.
 #  5. The same cluster without the pmix plugin: the script falls back to mpirun inside the allocation, across both
-#     nodes, through a requeue after the step-100 checkpoint, and ends bitwise equal to 1.
-# OpenMPI's start-up under srun's PMIx fails now and then during MPI_Init in this set-up (about 1 launch in 30-100,
+#     nodes. Requeued after a checkpoint (mpirun ends its ranks on SLURM's SIGTERM, so the newest periodic
+#     checkpoint is the one resumed), it ends bitwise equal to 1; and the time-limit warning of 3 reaches every rank
+#     through mpirun, which save and exit 0.
+# OpenMPI's start-up under srun's PMIx fails now and then during MPI_Init in this set-up (1 of 58 short launches,
 # before any ampdist code runs): a launch that fails that way, and only that way, is relaunched, at most twice per
 # case, and counted in the last line. Needs root (namespaces) and the packages; exits 77 (skipped) saying why
 # otherwise. Every daemon, rank and namespace is gone on exit.
@@ -98,9 +100,12 @@ sbatch_job() {
   _jid=$(on_slurm sbatch "${sbatch_args[@]}" "$@" 2> "$TMP/sbatch.err") || return 1
   printf -v "$_var" '%s' "${_jid%%;*}"
 }
+warning_submit() {
+  sbatch_job WARN_ID --time=5 --ntasks-per-node=1 "$SB" --set train.steps=1000000 --set log.every_steps=10 \
+    --set checkpoint.every_steps=0 --set comm.timeout_s=10
+}
 WARN_ID=""
-sbatch_job WARN_ID --time=5 --ntasks-per-node=1 "$SB" --set train.steps=1000000 --set log.every_steps=10 \
-  --set checkpoint.every_steps=0 --set comm.timeout_s=10 || WARN_ID=""
+warning_submit || WARN_ID=""
 
 # ---- 1. srun -N 2 -n 4 --mpi=pmix against mpirun -np 4 on one host -------------------------------------------
 timeout 300 mpirun -q --oversubscribe -np 4 "$AMPDIST" train "${cfg[@]}" "${common[@]}" --run-dir "$TMP/one" \
@@ -204,12 +209,10 @@ with_relaunch requeue_case "sbatch requeue (srun)" srun
 # ---- 3. the time-limit warning: --signal=B:USR1@300 with --time=5 ------------------------------------------------
 # Checked here; submitted at the start (below case 1's reference run), since SLURM sends the warning only at its next
 # 30-s time-limit check: 2 ranks, one per node, next to the other jobs (each node offers 4 CPUs).
-warning_case() {
+warning_case() {  # warning_case LAUNCHER
   local state out stopped ckpt n run_s
   if [ -z "$WARN_ID" ]; then
-    WARN_T=$(date +%s)
-    sbatch_job WARN_ID --time=5 --ntasks-per-node=1 "$SB" --set train.steps=1000000 --set log.every_steps=10 \
-      --set checkpoint.every_steps=0 --set comm.timeout_s=10 || { not_ok "time-limit warning sbatch" "$(cat "$TMP/sbatch.err")"; return; }
+    warning_submit || { not_ok "time-limit warning sbatch" "$(cat "$TMP/sbatch.err")"; return; }
   fi
   state=$(wait_state "$WARN_ID" 120 COMPLETED FAILED CANCELLED TIMEOUT)
   out="$TMP/job-$WARN_ID.out"
@@ -224,14 +227,15 @@ warning_case() {
   if [ "$state" = COMPLETED ] && [ "$(field "$WARN_ID" ExitCode)" = 0:0 ] && [ -n "$stopped" ] && [ "$n" = 2 ] &&
     "$AMPDIST" ckpt verify "$ckpt" > /dev/null 2>&1 &&
     grep -q "^ampdist.sbatch: SIGUSR1: every rank checkpoints" "$out" &&
-    grep -q "^ampdist.sbatch: srun exited with code 0 after SIGUSR1" "$out"; then
-    ok "time-limit warning: SIGUSR1 after $run_s of a 5-minute limit, both ranks (2 nodes) saved step $stopped, COMPLETED, exit 0"
+    grep -q "^ampdist.sbatch: job $WARN_ID (restart 0), 2 node(s) x 1 rank(s), launcher $1," "$out" &&
+    grep -q "^ampdist.sbatch: $1 exited with code 0 after SIGUSR1" "$out"; then
+    ok "time-limit warning ($1): SIGUSR1 after $run_s of a 5-minute limit, both ranks (2 nodes) saved step $stopped, COMPLETED, exit 0"
   else
-    not_ok "time-limit warning" "state $state, exit $(field "$WARN_ID" ExitCode), stopped at '$stopped', $n of 2 shards"
+    not_ok "time-limit warning ($1)" "state $state, exit $(field "$WARN_ID" ExitCode), stopped at '$stopped', $n of 2 shards"
     show "$out"
   fi
 }
-with_relaunch warning_case
+with_relaunch warning_case srun
 
 # ---- 4. hostB lost mid-job --------------------------------------------------------------------------------------
 node_loss_case() {
@@ -296,7 +300,10 @@ if slurm_cluster_up nopmix; then
   if on_slurm srun --mpi=list 2>&1 | grep -q pmix; then
     not_ok "nopmix cluster" "srun --mpi=list still lists pmix"
   else
+    WARN_ID=""
+    warning_submit || WARN_ID=""
     with_relaunch requeue_case "sbatch requeue (no pmix: mpirun)" mpirun
+    with_relaunch warning_case mpirun
   fi
 else
   not_ok "nopmix cluster" "did not come up"
