@@ -37,7 +37,7 @@ SB="$SRC/launch/slurm/ampdist.sbatch"
 # For every rank, whichever way it starts: MPI's TCP on the veth subnet only; yield because 4 ranks share the cores.
 export OMPI_MCA_btl_tcp_if_include=$NET OMPI_MCA_oob_tcp_if_include=$NET OMPI_MCA_mpi_yield_when_idle=1
 export AMPDIST_BIN="$AMPDIST" AMPDIST_SRC="$SRC" AMPDIST_RUNS="$TMP/runs"
-common=(--set train.steps=300 --set log.every_steps=50 --set checkpoint.every_steps=50 --set comm.timeout_s=10)
+common=(--set train.steps=300 --set log.every_steps=10 --set checkpoint.every_steps=50 --set comm.timeout_s=10)
 cfg=(--config "$SRC/configs/fashion_mnist_mlp.pbtxt")
 # The script's #SBATCH lines are for a GPU cluster: 2 nodes x 2 CPU ranks here.
 sbatch_args=(--parsable --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 --output="$TMP/job-%j.out")

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Two "hosts" on one machine, for the e2e scripts (sourced after lib.sh, not a test itself):
 #   source "$(dirname "$0")/lib/netns.sh"
 #   netns_two_hosts            # or exits 77 (CTest: skipped) saying why

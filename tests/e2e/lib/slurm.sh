@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # A real SLURM cluster of two nodes on one machine, for the e2e scripts (sourced after lib.sh and lib/netns.sh, not a
 # test itself):
 #   slurm_cluster_up [nopmix]   # or exits 77 (CTest: skipped) saying why
