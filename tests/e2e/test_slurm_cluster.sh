@@ -93,11 +93,17 @@ with_relaunch() {
   return 1
 }
 
+SBATCH_N=0
 # sbatch_job OUT_VAR ARGS...: submits the batch script; the job id goes to OUT_VAR.
 sbatch_job() {
   local _var=$1 _jid
   shift
-  _jid=$(on_slurm sbatch "${sbatch_args[@]}" "$@" 2> "$TMP/sbatch.err") || return 1
+  # A TMPDIR of its own: the nodes share this machine's /tmp, where two mpiruns starting at once on one node race
+  # to create OpenMPI's session directory, /tmp/ompi.<host>.<uid> ("mkdir: File exists", orte_init fails).
+  SBATCH_N=$((SBATCH_N + 1))
+  mkdir -p "$TMP/t/$SBATCH_N"
+  _jid=$(on_slurm sbatch "${sbatch_args[@]}" --export=ALL,TMPDIR="$TMP/t/$SBATCH_N" "$@" 2> "$TMP/sbatch.err") ||
+    return 1
   printf -v "$_var" '%s' "${_jid%%;*}"
 }
 warning_submit() {
@@ -116,13 +122,16 @@ echo "# mpirun -np 4 (one host): test accuracy $a_one, master weights hash $h_on
 
 srun_train() {  # srun_train OUT RUN_DIR: the main job through srun
   rm -rf "$2"
-  on_slurm timeout 300 srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$AMPDIST" train "${cfg[@]}" "${common[@]}" \
-    --run-dir "$2" > "$1" 2>&1 && return 0
+  mkdir -p "$TMP/t/srun"
+  on_slurm env TMPDIR="$TMP/t/srun" timeout 300 srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 \
+    "$AMPDIST" train "${cfg[@]}" "${common[@]}" --run-dir "$2" > "$1" 2>&1 && return 0
   mpi_init_failed "$1" && return 75
   return 1
 }
 srun_env() {
-  on_slurm timeout 60 srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix "$AMPDIST" env --json > "$TMP/env.json" 2> "$TMP/env.err" && return 0
+  mkdir -p "$TMP/t/srun"
+  on_slurm env TMPDIR="$TMP/t/srun" timeout 60 srun -N 2 -n 4 --ntasks-per-node=2 --mpi=pmix "$AMPDIST" env --json \
+    > "$TMP/env.json" 2> "$TMP/env.err" && return 0
   mpi_init_failed "$TMP/env.err" && return 75
   return 1
 }
