@@ -16,9 +16,9 @@
 #     the ranks on hostA stop with one line naming ranks 2 and 3 as silent, the job ends within comm.timeout_s plus
 #     SLURM's own detection, no rank is left running, and the last checkpoint verifies intact.
 #  5. The same cluster without the pmix plugin: the script falls back to mpirun inside the allocation, across both
-#     nodes. Requeued after a checkpoint (mpirun ends its ranks on SLURM's SIGTERM, so the newest periodic
-#     checkpoint is the one resumed), it ends bitwise equal to 1; and the time-limit warning of 3 reaches every rank
-#     through mpirun, which save and exit 0.
+#     nodes. Requeued after a checkpoint (SLURM's SIGTERM reaches mpirun too, which ends its ranks, before or after
+#     they saved: the newest complete checkpoint is the one resumed), it ends bitwise equal to 1; and the time-limit
+#     warning of 3 reaches every rank through mpirun, which save and exit 0.
 # OpenMPI's start-up under srun's PMIx fails now and then during MPI_Init in this set-up (1 of 58 short launches,
 # before any ampdist code runs): a launch that fails that way, and only that way, is relaunched, at most twice per
 # case, and counted in the last line. Needs root (namespaces) and the packages; exits 77 (skipped) saying why
@@ -66,19 +66,20 @@ wait_file() {  # wait_file PATH SECONDS
 # signal or OpenMPI reported the failed start-up. Anything else is a failure of the test.
 export AMPDIST_STARTUP_TRACE=1
 RELAUNCHES=0
-mpi_init_failed() {  # mpi_init_failed OUTPUT
+mpi_init_failed() {  # mpi_init_failed OUTPUT [RANKS (4)]
   local since
   since=$(grep -n "^ampdist.sbatch: job " "$1" | tail -1 | cut -d: -f1)
   tail -n +"${since:-1}" "$1" > "$TMP/last_start.txt"
-  [ "$(grep -c '^ampdist: \[rank [0-9]*\] MPI_Init done$' "$TMP/last_start.txt")" -lt 4 ] &&
+  [ "$(grep -c '^ampdist: \[rank [0-9]*\] MPI_Init done$' "$TMP/last_start.txt")" -lt "${2:-4}" ] &&
     ! grep -q "^ampdist: error" "$TMP/last_start.txt" &&
-    grep -qE "$MPI_INIT_FAILURE" "$TMP/last_start.txt"
+    grep -v "MPI_Init done$" "$TMP/last_start.txt" | grep -qE "$MPI_INIT_FAILURE"
 }
 MPI_INIT_FAILURE='Segmentation fault|Aborted|Process received signal|MPI_Init|PMIX_ERROR'
-# relaunch WHAT OUTPUT: counts and reports a relaunch after a failed MPI_Init.
+# relaunch WHAT: counts and reports a relaunch after a failed MPI_Init, with what the failed launch printed.
 relaunch() {
   RELAUNCHES=$((RELAUNCHES + 1))
-  echo "# relaunch ($1): a rank died in MPI_Init: $(grep -m1 -E "$MPI_INIT_FAILURE" "$TMP/last_start.txt")"
+  echo "# relaunch ($1): a rank died in MPI_Init ($(grep -c "MPI_Init done$" "$TMP/last_start.txt") reported it done):"
+  grep -v -E "^(step|phases) " "$TMP/last_start.txt" | head -12 | sed 's/^/#   | /'
 }
 # with_relaunch FUNCTION ARGS...: FUNCTION returns 75 when its launch failed in MPI_Init; up to 3 launches.
 with_relaunch() {
@@ -87,7 +88,7 @@ with_relaunch() {
     "$@"
     rc=$?
     [ $rc = 75 ] || return $rc
-    relaunch "$1" "$TMP/last_start.txt"
+    relaunch "$1"
   done
   not_ok "$1" "MPI_Init failed in 3 launches in a row"
   return 1
@@ -191,8 +192,8 @@ requeue_case() {
       show "$out"
     fi
   else
-    # mpirun ends its ranks on the SIGTERM that SLURM sends every process of the job: the newest complete
-    # checkpoint is the one to resume from.
+    # mpirun ends its ranks on the SIGTERM that SLURM sends every process of the job, before or after they saved
+    # at their next log step: the newest complete checkpoint is the one to resume from.
     "$AMPDIST" ckpt verify "$ckpt" > /dev/null 2>&1 && [ "$n" = 4 ] &&
       ok "$name: scontrol requeue stopped the job${stopped:+ (every rank saved step $stopped)}; newest complete checkpoint $latest" ||
       { not_ok "$name: checkpoint on requeue" "newest checkpoint $latest with $n of 4 shards"; show "$out"; }
@@ -225,7 +226,7 @@ warning_case() {  # warning_case LAUNCHER
   fi
   state=$(wait_state "$WARN_ID" 120 COMPLETED FAILED CANCELLED TIMEOUT)
   out="$TMP/job-$WARN_ID.out"
-  if [ "$state" != COMPLETED ] && mpi_init_failed "$out"; then
+  if [ "$state" != COMPLETED ] && mpi_init_failed "$out" 2; then
     WARN_ID=""
     return 75
   fi
