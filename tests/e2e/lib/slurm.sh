@@ -10,7 +10,9 @@
 # the veth addresses, one partition "test", the pmix MPI plugin by default (`nopmix`: a plugin directory without the
 # mpi_pmix plugins, as on a SLURM built without PMIx), processes tracked by /proc (proctrack/linuxproc, no cgroups),
 # no task plugin, every daemon as root, state and spool under $SLURM_DIR, and short timeouts so that a lost node is
-# declared down within seconds (SlurmdTimeout=6 s: slurmctld pings each node every SlurmdTimeout/3 s). Each node
+# declared down within seconds (SlurmdTimeout=6 s: slurmctld pings each node every SlurmdTimeout/3 s); KillWait=10 s
+# between the SIGTERM of a requeue or cancel and the SIGKILL, time for the ranks to save. Each node has a TmpFS of
+# its own (the nodes share this machine's /tmp, where the pmix plugin's per-step directories would collide) and
 # offers 4 CPUs whatever the machine has (SlurmdParameters=config_overrides), so that two small jobs can share them.
 SLURM_DIR=$TMP/slurm
 SLURM_PLUGINS=/usr/lib/x86_64-linux-gnu/slurm-wlm
@@ -70,7 +72,7 @@ SlurmdTimeout=6
 SlurmctldTimeout=10
 MessageTimeout=3
 TCPTimeout=2
-KillWait=2
+KillWait=10
 InactiveLimit=0
 MinJobAge=600
 Waittime=0
