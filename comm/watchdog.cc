@@ -84,8 +84,8 @@ std::string Watchdog::missing_ranks(bool& quiet) const {
       ++n_silent;
     } else if (other[1] < waits_) {
       late += (late.empty() ? "" : ", ") + std::to_string(r) + " (at step " + std::to_string(other[0]) + ")";
-    } else if (r < rank_.load() && other[1] == waits_) {
-      quiet = true;  // alive (or timed out) in this same wait: it names the missing ranks
+    } else if (r < rank_.load()) {
+      quiet = true;  // alive (or timed out) in this wait or a later one: it names the missing ranks
     }
   }
   std::string out;

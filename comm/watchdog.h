@@ -8,8 +8,9 @@
 // With progress files the same thread also beats a heartbeat (the wall clock, every 100 ms) into this rank's file. A
 // rank whose heartbeat is older than min(2 s, timeout_s / 2) when a wait times out is named as silent: "rank(s) 2, 3
 // silent for 9.8 s (process or node gone)": its process, or the node under it, is gone, as opposed to a rank that is
-// alive but late ("did not arrive"). Of the ranks that time out in the same wait, only the lowest one that is alive
-// prints the line; the others exit with code 1 without repeating it.
+// alive but late ("did not arrive"). A rank that sees a lower rank alive (or already timed out) in the same wait or
+// a later one leaves the line to it and exits with code 1 without repeating it: of the ranks stuck together, only
+// the lowest live one prints.
 #pragma once
 
 #include <atomic>
@@ -42,7 +43,7 @@ class Watchdog {
  private:
   void run();
   // The "; rank(s) ... silent ...; ranks that did not arrive: ..." part of the timeout line; `quiet` is set when a
-  // lower rank is alive in the same wait (or already timed out in it) and prints the line instead.
+  // lower rank is alive (or already timed out) in this wait or a later one, and prints the line instead.
   std::string missing_ranks(bool& quiet) const;
 
   std::atomic<int> rank_;

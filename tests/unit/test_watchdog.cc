@@ -74,12 +74,15 @@ TEST(WatchdogDeathTest, NamesALiveRankBehindAsNotArrived) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(WatchdogDeathTest, LeavesTheLineToALiveLowerRankInTheSameWait) {
+TEST(WatchdogDeathTest, LeavesTheLineToALiveLowerRankInThisWaitOrALaterOne) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const std::string dir = fresh_dir("quiet");
   // Rank 0 is alive in the same wait: it prints the line naming rank 2; rank 1 exits without one.
   write_record(dir, 0, 7, 1, now_ms() + 10000);
   write_record(dir, 2, 7, 1, now_ms() - 5000);
+  EXPECT_EXIT(time_out(dir, 1), testing::ExitedWithCode(1), "^$");
+  // Likewise when rank 0 got one wait further (its part of a ring all-reduce arrived before rank 2 died).
+  write_record(dir, 0, 8, 2, now_ms() + 10000);
   EXPECT_EXIT(time_out(dir, 1), testing::ExitedWithCode(1), "^$");
   std::filesystem::remove_all(dir);
 }
