@@ -41,6 +41,8 @@ common=(--set train.steps=300 --set log.every_steps=10 --set checkpoint.every_st
 cfg=(--config "$SRC/configs/fashion_mnist_mlp.pbtxt")
 # The script's #SBATCH lines are for a GPU cluster: 2 nodes x 2 CPU ranks here.
 sbatch_args=(--parsable --nodes=2 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 --output="$TMP/job-%j.out")
+# The end of a job's output without its progress lines, indented (lib.sh's show gives the start).
+show_job() { grep -v -E "^(step|phases) " "$1" | tail -25 | sed -e 's/^/    | /'; }
 acc_of() { sed -n 's/^test accuracy: \([0-9.]*\) .*/\1/p' "$1"; }
 field() { on_slurm scontrol show job -o "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }  # field JOB NAME
 wait_state() {  # wait_state JOB SECONDS STATE...: until the job is in one of the states; prints the state
@@ -168,7 +170,7 @@ requeue_case() {
     wait_state "$id" 30 FAILED COMPLETED CANCELLED > /dev/null
     mpi_init_failed "$out" && return 75
     not_ok "$name" "no checkpoint within 120 s (job $(field "$id" JobState))"
-    show "$out"
+    show_job "$out"
     return
   fi
   on_slurm scontrol requeue "$id"
@@ -189,14 +191,14 @@ requeue_case() {
       ok "$name: scontrol requeue -> SIGTERM -> all 4 ranks saved $latest (verified), the script exited 0"
     else
       not_ok "$name: checkpoint on requeue" "stopped at '$stopped', newest checkpoint $latest with $n of 4 shards"
-      show "$out"
+      show_job "$out"
     fi
   else
     # mpirun ends its ranks on the SIGTERM that SLURM sends every process of the job, before or after they saved
     # at their next log step: the newest complete checkpoint is the one to resume from.
     "$AMPDIST" ckpt verify "$ckpt" > /dev/null 2>&1 && [ "$n" = 4 ] &&
       ok "$name: scontrol requeue stopped the job${stopped:+ (every rank saved step $stopped)}; newest complete checkpoint $latest" ||
-      { not_ok "$name: checkpoint on requeue" "newest checkpoint $latest with $n of 4 shards"; show "$out"; }
+      { not_ok "$name: checkpoint on requeue" "newest checkpoint $latest with $n of 4 shards"; show_job "$out"; }
   fi
   on_slurm scontrol update JobId="$id" StartTime=now
   state=$(wait_state "$id" 180 COMPLETED FAILED CANCELLED TIMEOUT NODE_FAIL)
@@ -242,7 +244,7 @@ warning_case() {  # warning_case LAUNCHER
     ok "time-limit warning ($1): SIGUSR1 after $run_s of a 5-minute limit, both ranks (2 nodes) saved step $stopped, COMPLETED, exit 0"
   else
     not_ok "time-limit warning ($1)" "state $state, exit $(field "$WARN_ID" ExitCode), stopped at '$stopped', $n of 2 shards"
-    show "$out"
+    show_job "$out"
   fi
 }
 with_relaunch warning_case srun
@@ -284,7 +286,7 @@ node_loss_case() {
         ok "hostB lost after $last: job $id ended $state ${ended} s after the cut with one line: $line"
       else
         not_ok "node lost" "state $state ${ended} s after the cut, $lines 'silent' lines"
-        show "$out"
+        show_job "$out"
       fi
       [ -z "$left" ] && ok "no rank left running after the node loss" || not_ok "node loss leftovers" "$left"
       latest=$(cat "$run/checkpoints/latest")
@@ -293,7 +295,7 @@ node_loss_case() {
         { not_ok "last checkpoint after the node loss" "$latest"; show "$TMP/verify.txt"; }
     else
       not_ok "node lost" "no checkpoint within 120 s"
-      show "$out"
+      show_job "$out"
     fi
     echo "# node-loss case: $(($(date +%s) - t)) s"
   else
