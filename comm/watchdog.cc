@@ -4,11 +4,28 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 namespace ampdist {
+
+namespace {
+constexpr int kFields = 4;  // step, waits, heartbeat (ms), timed out
+constexpr size_t kBytes = kFields * sizeof(int64_t);
+
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string progress_file(const std::string& dir, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/rank_%05d", rank);
+  return dir + name;
+}
+}  // namespace
 
 Watchdog::Watchdog(int rank, double timeout_s) : rank_(rank), timeout_s_(timeout_s), thread_([this] { run(); }) {}
 
@@ -19,16 +36,8 @@ Watchdog::~Watchdog() {
   }
   cv_.notify_all();
   thread_.join();
-  if (progress_) munmap(const_cast<int64_t*>(progress_), 2 * sizeof(int64_t));
+  if (progress_) munmap(const_cast<int64_t*>(progress_), kBytes);
 }
-
-namespace {
-std::string progress_file(const std::string& dir, int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "/rank_%05d", rank);
-  return dir + name;
-}
-}  // namespace
 
 void Watchdog::set_progress_dir(const std::string& dir, int world_size) {
   std::error_code ec;
@@ -37,33 +46,57 @@ void Watchdog::set_progress_dir(const std::string& dir, int world_size) {
   const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return;  // progress is a diagnostic: without it, timeouts still stop the job
   void* p = MAP_FAILED;
-  if (::ftruncate(fd, 2 * sizeof(int64_t)) == 0)
-    p = ::mmap(nullptr, 2 * sizeof(int64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (::ftruncate(fd, kBytes) == 0) p = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) return;
   std::lock_guard<std::mutex> lock(mu_);
   progress_ = static_cast<volatile int64_t*>(p);
   progress_[0] = step_.load();
   progress_[1] = waits_;
+  progress_[2] = wall_ms();
+  progress_[3] = 0;
   progress_dir_ = dir;
   world_size_ = world_size;
 }
 
-// "; ranks that did not arrive: 1 (at step 4, wait 17)" from the other ranks' progress files.
-std::string Watchdog::missing_ranks() const {
+// "; rank(s) 2, 3 silent for 9.8 s (process or node gone); ranks that did not arrive: 1 (at step 4)" from the other
+// ranks' progress files.
+std::string Watchdog::missing_ranks(bool& quiet) const {
+  quiet = false;
   if (progress_dir_.empty()) return "";
-  std::string out;
+  const double silent_after_s = std::min(2.0, timeout_s_ / 2);
+  const int64_t now = wall_ms();
+  std::string late, silent;
+  double silent_for = 0;
+  int n_silent = 0;
   for (int r = 0; r < world_size_; ++r) {
     if (r == rank_.load()) continue;
-    int64_t other[2] = {0, 0};
+    int64_t other[kFields] = {0, 0, 0, 0};
     const int fd = ::open(progress_file(progress_dir_, r).c_str(), O_RDONLY);
     if (fd < 0) continue;
     const ssize_t n = ::pread(fd, other, sizeof other, 0);
     ::close(fd);
-    if (n == sizeof other && other[1] < waits_)
-      out += (out.empty() ? "" : ", ") + std::to_string(r) + " (at step " + std::to_string(other[0]) + ")";
+    if (n != sizeof other) continue;
+    const double age_s = (now - other[2]) / 1000.0;
+    if (other[3] == 0 && age_s > silent_after_s) {
+      silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+      silent_for = std::max(silent_for, age_s);
+      ++n_silent;
+    } else if (other[1] < waits_) {
+      late += (late.empty() ? "" : ", ") + std::to_string(r) + " (at step " + std::to_string(other[0]) + ")";
+    } else if (r < rank_.load()) {
+      quiet = true;  // alive (or timed out) in this wait or a later one: it names the missing ranks
+    }
   }
-  return out.empty() ? "" : "; ranks that did not arrive: " + out;
+  std::string out;
+  if (!silent.empty()) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f", silent_for);
+    out += std::string("; ") + (n_silent == 1 ? "rank " : "ranks ") + silent + " silent for " + secs +
+           " s (process or node gone)";
+  }
+  if (!late.empty()) out += "; ranks that did not arrive: " + late;
+  return out;
 }
 
 void Watchdog::set_timeout(double timeout_s) {
@@ -93,9 +126,13 @@ void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (progress_) progress_[2] = wall_ms();  // the heartbeat
     if (stop_ || !armed_ || std::chrono::steady_clock::now() < deadline_) continue;
     const long long step = step_.load();
-    const std::string missing = missing_ranks();
+    bool quiet = false;
+    const std::string missing = missing_ranks(quiet);
+    if (progress_) progress_[3] = 1;
+    if (quiet) std::_Exit(1);  // a lower rank alive in this wait prints the line
     std::fprintf(stderr,
                  "ampdist: error: [rank %d] %s%s%s did not complete within %g s (comm.timeout_s)%s; stopping the job\n",
                  rank_.load(), step ? ("step " + std::to_string(step)).c_str() : "", step ? ": " : "",

@@ -3,6 +3,8 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <iostream>
 
 #include "comm/bootstrap.h"
@@ -30,6 +32,10 @@ int main(int argc, char** argv) {
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // AMPDIST_STARTUP_TRACE=1: one line per rank once MPI is up, so that a rank that dies inside MPI_Init (a launcher's
+  // or MPI library's start-up failure, before any ampdist code runs) can be told from a failure of ampdist itself.
+  if (const char* trace = std::getenv("AMPDIST_STARTUP_TRACE"); trace && std::string(trace) == "1")
+    std::fprintf(stderr, "ampdist: [rank %d] MPI_Init done\n", rank);
 
   CLI::App app{"ampdist: data-parallel mixed-precision training", "ampdist"};
   app.require_subcommand(1);

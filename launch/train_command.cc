@@ -219,9 +219,9 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     for (const std::string& w : lint_model(*trainer)) std::cout << "warning: " << w << "\n";
     if (!resumed_from.empty())
       std::cout << "resumed from " << resumed_from << "\n";
-    if (!resume_note.empty()) std::cout << resume_note << "\n";
     else if (args.resume == "auto")
       std::cout << "no checkpoint in " << checkpoint_dir << ": starting fresh\n";
+    if (!resume_note.empty()) std::cout << resume_note << "\n";
     std::cout << std::flush;
   }
 

@@ -22,6 +22,7 @@ packages=(
   libboost-dev chromium  # the CRC-32C of TensorBoard event files (Boost.CRC); the report's screenshot test
   python3-torch  # bench/torch_mlp.py, the PyTorch reference of bench/run_all.sh
   fortunes  # the GPT model's text corpus (/usr/share/games/fortunes)
+  slurmctld slurmd slurm-client munge libpmix-dev  # tests/e2e/test_slurm_cluster.sh: a real two-node SLURM (pmix)
 )
 
 missing=()

@@ -15,34 +15,9 @@
 # Usage: test_netns.sh AMPDIST_BINARY SOURCE_DIR
 source "$(dirname "$0")/lib.sh" netns "$@"
 
-skip() {
-  echo "skipped: $1"
-  exit 77
-}
-for tool in ip unshare mpirun; do command -v "$tool" > /dev/null || skip "$tool is not installed"; done
-NS_A=ampdist_a_$$
-NS_B=ampdist_b_$$
-IF_A=vethA$$
-IF_B=vethB$$
-netns_cleanup() {
-  local ns pids
-  for ns in "$NS_A" "$NS_B"; do
-    pids=$(ip netns pids "$ns" 2> /dev/null || true)
-    # shellcheck disable=SC2086  # one pid a word
-    [ -n "$pids" ] && kill -9 $pids 2> /dev/null
-    ip netns del "$ns" 2> /dev/null
-  done
-  return 0
-}
-trap 'netns_cleanup; e2e_cleanup' EXIT
-ip netns add "$NS_A" 2> "$TMP/netns.err" || skip "ip netns add failed (needs CAP_SYS_ADMIN): $(head -1 "$TMP/netns.err")"
-ip netns add "$NS_B" || skip "ip netns add failed for the second namespace"
-ip link add "$IF_A" netns "$NS_A" type veth peer name "$IF_B" netns "$NS_B" 2> "$TMP/veth.err" ||
-  skip "cannot create a veth pair: $(head -1 "$TMP/veth.err")"
-ip -n "$NS_A" addr add 10.77.0.1/24 dev "$IF_A" && ip -n "$NS_B" addr add 10.77.0.2/24 dev "$IF_B" &&
-  ip -n "$NS_A" link set lo up && ip -n "$NS_B" link set lo up &&
-  ip -n "$NS_A" link set "$IF_A" up && ip -n "$NS_B" link set "$IF_B" up || skip "cannot configure the veth pair"
-ip netns exec "$NS_A" unshare --uts true 2> /dev/null || skip "unshare --uts fails (needs CAP_SYS_ADMIN)"
+source "$(dirname "$0")/lib/netns.sh"
+command -v mpirun > /dev/null || skip "mpirun is not installed"
+netns_two_hosts
 
 # OpenMPI's launcher agent: called as `agent HOST COMMAND...` where ssh would be; runs COMMAND in HOST's namespaces.
 cat > "$TMP/agent.sh" << EOF
@@ -134,10 +109,7 @@ wait
 # long plus margin before calling anything a leftover.
 left=""
 for _ in $(seq 1 200); do
-  left=""
-  for pid in $(ip netns pids "$NS_A" 2> /dev/null) $(ip netns pids "$NS_B" 2> /dev/null); do
-    left+="$(cat "/proc/$pid/comm" 2> /dev/null)($pid) "
-  done
+  left=$(netns_leftovers)
   [ -z "$left" ] && break
   sleep 0.1
 done
