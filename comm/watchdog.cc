@@ -12,7 +12,8 @@
 namespace ampdist {
 
 namespace {
-constexpr int kFields = 4;  // step, waits, heartbeat (ms), timed out
+constexpr int kFields = 4;  // step, waits, heartbeat (ms), state
+constexpr int64_t kRunning = 0, kTimedOut = 1, kWaiting = 2;  // the state field
 constexpr size_t kBytes = kFields * sizeof(int64_t);
 
 int64_t wall_ms() {
@@ -54,7 +55,7 @@ void Watchdog::set_progress_dir(const std::string& dir, int world_size) {
   progress_[0] = step_.load();
   progress_[1] = waits_;
   progress_[2] = wall_ms();
-  progress_[3] = 0;
+  progress_[3] = armed_ ? kWaiting : kRunning;
   progress_dir_ = dir;
   world_size_ = world_size;
 }
@@ -78,14 +79,16 @@ std::string Watchdog::missing_ranks(bool& quiet) const {
     ::close(fd);
     if (n != sizeof other) continue;
     const double age_s = (now - other[2]) / 1000.0;
-    if (other[3] == 0 && age_s > silent_after_s) {
+    if (other[3] != kTimedOut && age_s > silent_after_s) {
       silent += (silent.empty() ? "" : ", ") + std::to_string(r);
       silent_for = std::max(silent_for, age_s);
       ++n_silent;
+    } else if (r < rank_.load() && (other[3] != kRunning || other[1] >= waits_)) {
+      // Alive and waiting (its own watchdog will fire), timed out, or in this wait or a later one: it names the
+      // missing ranks.
+      quiet = true;
     } else if (other[1] < waits_) {
       late += (late.empty() ? "" : ", ") + std::to_string(r) + " (at step " + std::to_string(other[0]) + ")";
-    } else if (r < rank_.load()) {
-      quiet = true;  // alive (or timed out) in this wait or a later one: it names the missing ranks
     }
   }
   std::string out;
@@ -110,6 +113,7 @@ void Watchdog::arm(const std::string& what) {
   if (progress_) {
     progress_[0] = step_.load();
     progress_[1] = waits_;
+    progress_[3] = kWaiting;
   }
   what_ = what;
   armed_ = true;
@@ -120,6 +124,7 @@ void Watchdog::arm(const std::string& what) {
 void Watchdog::disarm() {
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = false;
+  if (progress_) progress_[3] = kRunning;
 }
 
 void Watchdog::run() {
@@ -131,7 +136,7 @@ void Watchdog::run() {
     const long long step = step_.load();
     bool quiet = false;
     const std::string missing = missing_ranks(quiet);
-    if (progress_) progress_[3] = 1;
+    if (progress_) progress_[3] = kTimedOut;
     if (quiet) std::_Exit(1);  // a lower rank alive in this wait prints the line
     std::fprintf(stderr,
                  "ampdist: error: [rank %d] %s%s%s did not complete within %g s (comm.timeout_s)%s; stopping the job\n",

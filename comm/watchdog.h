@@ -8,8 +8,9 @@
 // With progress files the same thread also beats a heartbeat (the wall clock, every 100 ms) into this rank's file. A
 // rank whose heartbeat is older than min(2 s, timeout_s / 2) when a wait times out is named as silent: "rank(s) 2, 3
 // silent for 9.8 s (process or node gone)": its process, or the node under it, is gone, as opposed to a rank that is
-// alive but late ("did not arrive"). A rank that sees a lower rank alive (or already timed out) in the same wait or
-// a later one leaves the line to it and exits with code 1 without repeating it: of the ranks stuck together, only
+// alive but late ("did not arrive"). A rank that sees a lower rank alive and itself waiting on a collective (in any
+// wait: ranks can be one collective apart when peers die mid-collective), already timed out, or in the same wait or
+// a later one, leaves the line to it and exits with code 1 without repeating it: of the ranks stuck together, only
 // the lowest live one prints.
 #pragma once
 
@@ -30,8 +31,8 @@ class Watchdog {
   void set_timeout(double timeout_s);
   void set_step(int64_t step) { step_ = step; }
   // Publishes this rank's progress in <dir>/rank_RRRRR, a 32-byte file mapped into memory (one store per wait, no
-  // system call): int64 {step, number of collective waits begun, heartbeat in ms of CLOCK_REALTIME, 1 once this
-  // rank's watchdog fired}; and reads the other ranks' files when a wait times out, to name the ranks that did not
+  // system call): int64 {step, number of collective waits begun, heartbeat in ms of CLOCK_REALTIME, state: 0 running,
+  // 2 waiting on a collective, 1 once this rank's watchdog fired}; and reads the other ranks' files when a wait times out, to name the ranks that did not
   // arrive and those that fell silent. `dir` must be visible to every rank that should be named (one node, or a
   // shared file system). Without it the message names only this rank.
   void set_progress_dir(const std::string& dir, int world_size);
@@ -52,7 +53,7 @@ class Watchdog {
   std::condition_variable cv_;
   std::atomic<int64_t> step_{0};
   int64_t waits_ = 0;                     // collective waits begun by this rank
-  volatile int64_t* progress_ = nullptr;  // mapped {step, waits, heartbeat ms, timed out} of this rank, or null
+  volatile int64_t* progress_ = nullptr;  // mapped {step, waits, heartbeat ms, state} of this rank, or null
   std::string progress_dir_;
   int world_size_ = 0;
   std::string what_;

@@ -23,12 +23,14 @@ int64_t now_ms() {
       .count();
 }
 
-// A progress record as another rank's watchdog writes it: {step, waits begun, heartbeat ms, timed out}.
-void write_record(const std::string& dir, int rank, int64_t step, int64_t waits, int64_t heartbeat_ms) {
+// A progress record as another rank's watchdog writes it: {step, waits begun, heartbeat ms, state}, the state 0
+// running, 2 waiting on a collective, 1 timed out.
+void write_record(const std::string& dir, int rank, int64_t step, int64_t waits, int64_t heartbeat_ms,
+                  int64_t state = 0) {
   std::filesystem::create_directories(dir);
   char name[32];
   std::snprintf(name, sizeof name, "/rank_%05d", rank);
-  const int64_t rec[4] = {step, waits, heartbeat_ms, 0};
+  const int64_t rec[4] = {step, waits, heartbeat_ms, state};
   std::ofstream(dir + name, std::ios::binary).write(reinterpret_cast<const char*>(rec), sizeof rec);
 }
 
@@ -84,6 +86,22 @@ TEST(WatchdogDeathTest, LeavesTheLineToALiveLowerRankInThisWaitOrALaterOne) {
   // Likewise when rank 0 got one wait further (its part of a ring all-reduce arrived before rank 2 died).
   write_record(dir, 0, 8, 2, now_ms() + 10000);
   EXPECT_EXIT(time_out(dir, 1), testing::ExitedWithCode(1), "^$");
+  // And when rank 0 is one wait behind but waiting on that collective (peers that die mid-collective can leave the
+  // survivors one collective apart: rank 1 passed step 6's consensus, rank 0 did not): rank 0's own watchdog fires.
+  write_record(dir, 0, 6, 0, now_ms() + 10000, 2);
+  EXPECT_EXIT(time_out(dir, 1), testing::ExitedWithCode(1), "^$");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(WatchdogDeathTest, NamesALiveLowerRankBehindThatIsNotWaiting) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string dir = fresh_dir("lower_late");
+  // Rank 0 is alive, one wait behind and not in a collective (stuck in its own work): rank 1 prints, naming it.
+  write_record(dir, 0, 6, 0, now_ms() + 10000, 0);
+  write_record(dir, 2, 7, 1, now_ms() - 5000);
+  EXPECT_EXIT(time_out(dir, 1), testing::ExitedWithCode(1),
+              "\\[rank 1\\] step 7: .*; rank 2 silent for 5\\.[0-9] s \\(process or node gone\\); ranks that did "
+              "not arrive: 0 \\(at step 6\\); stopping the job");
   std::filesystem::remove_all(dir);
 }
 
