@@ -297,7 +297,13 @@ PretrainedSource::PretrainedSource(const std::string& path, const FlatLayout& la
     } else {
       throw BadInput(path, "has neither model.safetensors nor model.safetensors.index.json");
     }
-    if (gpt) check_hf_config(config_json, *gpt);
+    if (gpt) {
+      try {
+        check_hf_config(config_json, *gpt);
+      } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+        throw BadInput(config_json, std::string("is not a GPT-2 config: ") + e.what());
+      }
+    }
   } else if (fs::exists(path, ec)) {
     files_.push_back(std::make_unique<SafetensorsFile>(path));
   } else {
