@@ -27,7 +27,7 @@ train { steps: 0 epochs: 0 }
 PB
 "$build/ampdist" train --config "$out/gen.pbtxt" --run-dir "$out/run" > "$out/train.txt" 2>&1 || { cat "$out/train.txt"; exit 1; }
 cpu=$(lscpu | sed -n 's/^Model name: *//p')
-echo "CPU: $cpu ($(nproc) cores), load $(cut -d' ' -f1 /proc/loadavg)"
+echo "CPU: $cpu ($(nproc) cores; $(grep -m1 -o -w -E "avx512_bf16|amx_bf16|avx512_fp16|avx2" /proc/cpuinfo | sort -u | tr "\n" " ")), load $(cut -d' ' -f1 /proc/loadavg)"
 prompt=$(seq -s, 1 16)
 printf '%-8s %16s %16s %8s\n' tokens 'cache ms/token' 'no cache ms/tok' 'same ids'
 for n in 32 64 128 256 448; do
