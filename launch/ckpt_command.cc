@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/pretrained.h"
 #include "runtime/core/error.h"
 #include "runtime/core/tensor.h"
 #include "runtime/train/loop.h"  // hex16
@@ -175,24 +176,88 @@ int run_ckpt_verify(const CkptArgs& args) {
   });
 }
 
+namespace {
+
+// One tensor of an export: its name in the file, shape, and its elements (FP32) in file order.
+struct ExportTensor {
+  std::string name;
+  Shape shape;
+  std::vector<float> data;  // filled only for tensors that are not a plain range of the master buffer
+  const float* src = nullptr;
+  int64_t numel = 0;
+};
+
+// Writes `tensors` as one safetensors file at `file` (via file.tmp, fsync, rename). Returns the bytes written.
+int64_t write_safetensors(const std::string& file, const std::vector<ExportTensor>& tensors,
+                          const nlohmann::ordered_json& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = metadata;
+  int64_t pos = 0;  // bytes
+  for (const ExportTensor& t : tensors) {
+    const int64_t bytes = t.numel * static_cast<int64_t>(sizeof(float));
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {pos, pos + bytes}}};
+    pos += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+  const uint64_t header_len = text.size();
+  std::error_code ec;
+  const std::string tmp = file + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw BadInput(file, "cannot create " + tmp + ": " + std::strerror(errno));
+  bool ok = write_all(f, &header_len, sizeof header_len) && write_all(f, text.data(), text.size());
+  for (const ExportTensor& t : tensors)
+    ok = ok && write_all(f, t.src ? t.src : t.data.data(), static_cast<size_t>(t.numel) * sizeof(float));
+  ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const std::string err = ok ? "" : std::strerror(errno);
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    fs::remove(tmp, ec);
+    throw Error(tmp + ": write failed: " + (err.empty() ? std::strerror(errno) : err));
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw Error(file + ": cannot rename " + tmp + " to it: " + why);
+  }
+  return static_cast<int64_t>(8 + header_len) + pos;
+}
+
+void write_text_file(const std::string& file, const std::string& text) {
+  std::FILE* f = std::fopen(file.c_str(), "wb");
+  if (!f) throw BadInput(file, std::string("cannot create: ") + std::strerror(errno));
+  bool ok = write_all(f, text.data(), text.size()) && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) throw Error(file + ": write failed: " + std::strerror(errno));
+}
+
+}  // namespace
+
 int run_ckpt_export(const CkptArgs& args) {
   static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
   return guarded([&] {
-    if (args.format != "safetensors")
-      throw BadInput("--format", "only safetensors is supported, got '" + args.format + "'");
+    if (args.format != "safetensors" && args.format != "hf")
+      throw BadInput("--format", "must be safetensors or hf, got '" + args.format + "'");
+    const bool hf = args.format == "hf";
     if (args.output.empty()) throw BadInput("-o", "an output file is required");
     std::error_code ec;
-    if (fs::is_directory(args.output, ec)) throw BadInput(args.output, "is a directory (-o names the output file)");
+    if (!hf && fs::is_directory(args.output, ec))
+      throw BadInput(args.output, "is a directory (-o names the output file)");
+    if (hf && fs::exists(args.output, ec) && !(fs::is_directory(args.output, ec) && fs::is_empty(args.output, ec)))
+      throw BadInput(args.output, "exists and is not an empty directory (-o names the new model directory)");
     const std::string path = resolve_checkpoint(args.path);
     const Manifest m = read_manifest(path);
+    if (hf && !m.config().model().has_gpt())
+      throw BadInput(path, "--format hf writes a GPT-2 model; this checkpoint's model is not a gpt");
+    const GptConfig& g = m.config().model().gpt();
     const std::vector<float> master = read_checkpoint_buffer(path, "master");
     const std::string manifest_file = (fs::path(path) / "manifest.pb").string();
 
-    // Header: tensors in the manifest's order, their data back to back in the same order.
-    nlohmann::ordered_json header = nlohmann::ordered_json::object();
-    header["__metadata__"] = {{"step", std::to_string(m.step())}, {"run_id", m.run_id()}, {"format", "pt"}};
+    // Tensors in the manifest's order, their data back to back in the same order.
+    std::vector<ExportTensor> out;
     std::set<std::string> names;
-    int64_t pos = 0;  // bytes
+    int64_t params = 0;
     for (const TensorIndexEntry& t : m.tensors()) {
       const Shape shape = shape_of(t);
       // The product in checked arithmetic: a crafted manifest must not overflow it into a plausible size.
@@ -210,35 +275,47 @@ int run_ckpt_export(const CkptArgs& args) {
         throw BadInput(manifest_file, "tensor " + t.name() + " " + shape_str(shape) + " at offset " +
                                           std::to_string(t.offset()) + " does not fit the master buffer of " +
                                           std::to_string(master.size()) + " elements");
-      const int64_t bytes = numel * static_cast<int64_t>(sizeof(float));
-      header[t.name()] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {pos, pos + bytes}}};
-      pos += bytes;
+      ExportTensor e{t.name(), shape, {}, master.data() + t.offset(), numel};
+      if (hf) {
+        e.name = hf_gpt2_name(t.name());
+        if (t.name() == "wte.weight" && shape.size() == 2 && shape[0] > g.vocab_size()) {
+          e.shape[0] = g.vocab_size();  // the padded rows are not part of the model
+          e.numel = e.shape[0] * e.shape[1];
+        } else if (hf_gpt2_conv1d(t.name()) && shape.size() == 2) {
+          // Conv1D stores [in, out]: the transpose of ampdist's Linear [out, in].
+          const int64_t rows = shape[0], cols = shape[1];
+          e.shape = {cols, rows};
+          e.data.resize(static_cast<size_t>(numel));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) e.data[static_cast<size_t>(c * rows + r)] = e.src[r * cols + c];
+          e.src = nullptr;
+        }
+      }
+      params += e.numel;
+      out.push_back(std::move(e));
     }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-    const uint64_t header_len = text.size();
-
-    const std::string tmp = args.output + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw BadInput(args.output, "cannot create " + tmp + ": " + std::strerror(errno));
-    bool ok = write_all(f, &header_len, sizeof header_len) && write_all(f, text.data(), text.size());
-    for (const TensorIndexEntry& t : m.tensors())
-      ok = ok && write_all(f, master.data() + t.offset(), static_cast<size_t>(t.numel()) * sizeof(float));
-    ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-    const std::string err = ok ? "" : std::strerror(errno);
-    ok = (std::fclose(f) == 0) && ok;
-    if (!ok) {
-      fs::remove(tmp, ec);
-      throw Error(tmp + ": write failed: " + (err.empty() ? std::strerror(errno) : err));
+    const nlohmann::ordered_json meta = {{"step", std::to_string(m.step())}, {"run_id", m.run_id()}, {"format", "pt"}};
+    if (!hf) {
+      const int64_t bytes = write_safetensors(args.output, out, meta);
+      std::cout << fmt::format("exported {} tensors ({} parameters, step {}) from {} to {} ({} bytes)\n",
+                               out.size(), params, m.step(), path, args.output, bytes)
+                << std::flush;
+      return 0;
     }
-    fs::rename(tmp, args.output, ec);
-    if (ec) {
-      const std::string why = ec.message();
-      fs::remove(tmp, ec);
-      throw Error(args.output + ": cannot rename " + tmp + " to it: " + why);
-    }
-    std::cout << fmt::format("exported {} tensors ({} parameters, step {}) from {} to {} ({} bytes)\n",
-                             m.tensors_size(), pos / 4, m.step(), path, args.output, 8 + header_len + pos)
+    // A Hugging Face model directory, written next to its final name and renamed into place.
+    const fs::path final_dir(args.output);
+    const fs::path tmp = final_dir.string() + ".tmp";
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) throw BadInput(args.output, "cannot create " + tmp.string() + ": " + ec.message());
+    const int64_t bytes = write_safetensors((tmp / "model.safetensors").string(), out, meta);
+    write_text_file((tmp / "config.json").string(), hf_gpt2_config_json(g));
+    if (fs::exists(final_dir, ec)) fs::remove(final_dir, ec);  // an empty directory (checked above)
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw Error(args.output + ": cannot rename " + tmp.string() + " to it: " + ec.message());
+    std::cout << fmt::format("exported {} tensors ({} parameters, step {}) from {} to {} as a Hugging Face GPT-2 "
+                             "model (config.json, model.safetensors: {} bytes)\n",
+                             out.size(), params, m.step(), path, args.output, bytes)
               << std::flush;
     return 0;
   });

@@ -3,6 +3,10 @@
 //   ampdist ckpt inspect PATH                                  what the manifest says (no shard is read)
 //   ampdist ckpt verify PATH                                   reads and checks every file; exit 1 on any problem
 //   ampdist ckpt export PATH --format safetensors -o FILE      the FP32 master weights by tensor name
+//   ampdist ckpt export PATH --format hf -o DIR                a Hugging Face GPT-2 model directory (config.json,
+//                                                              model.safetensors in GPT2LMHeadModel's names and
+//                                                              Conv1D layout, the padded vocabulary removed), which
+//                                                              transformers' from_pretrained(DIR) loads
 //
 // PATH is a checkpoint directory (step_XXXXXXXX) or, for inspect and export, a directory of checkpoints (a run's
 // checkpoints/), which means its newest complete checkpoint; verify on a directory of checkpoints checks every

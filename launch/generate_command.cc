@@ -1,6 +1,8 @@
 #include "launch/generate_command.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <sstream>
 
 #include "runtime/core/device.h"
 #include "runtime/train/config.h"
@@ -52,9 +54,12 @@ int run_generate(const GenerateArgs& args) {
     if (!m.config().model().has_gpt())
       throw BadInput(path, "is not a gpt checkpoint (its config has no model.gpt)");
     const GptConfig& g = m.config().model().gpt();
-    if (g.vocab_size() != 256)
-      throw BadInput(path, "generate prints bytes: it needs a byte-level model (vocab_size 256), this one has " +
-                               std::to_string(g.vocab_size()));
+    const bool ids = g.vocab_size() != 256 || !args.prompt_ids.empty();
+    if (ids && !args.prompt.empty())
+      throw BadInput("--prompt", "this model's vocabulary is " + std::to_string(g.vocab_size()) +
+                                     " token ids, not bytes: give --prompt-ids");
+    if (args.kv_cache != "on" && args.kv_cache != "off")
+      throw BadInput("--kv-cache", "must be on or off, got \"" + args.kv_cache + "\"");
     RunConfig device_cfg;
     *device_cfg.mutable_device() = m.config().device();
     device_cfg.mutable_device()->clear_command_line_kind();  // the training run's --device is not this one's
@@ -78,32 +83,71 @@ int run_generate(const GenerateArgs& args) {
     model.set_mode(false, 0);
 
     std::vector<int32_t> tokens;
-    for (unsigned char c : args.prompt) {
-      if (c >= g.vocab_size())
-        throw BadInput("--prompt", "byte " + std::to_string(c) + " is outside the vocabulary of " +
-                                       std::to_string(g.vocab_size()));
-      tokens.push_back(c);
+    if (ids) {
+      std::stringstream ss(args.prompt_ids);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        size_t used = 0;
+        long long v = -1;
+        try {
+          v = std::stoll(item, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != item.size() || v < 0 || v >= g.vocab_size())
+          throw BadInput("--prompt-ids", "\"" + item + "\" is not a token id in [0, " +
+                                             std::to_string(g.vocab_size()) + ")");
+        tokens.push_back(static_cast<int32_t>(v));
+      }
+      if (tokens.empty()) tokens.push_back(g.vocab_size() - 1);  // GPT-2's <|endoftext|>
+      for (size_t i = 0; i < tokens.size(); ++i) std::printf("%s%d", i ? " " : "", tokens[i]);
+    } else {
+      for (unsigned char c : args.prompt) {
+        if (c >= g.vocab_size())
+          throw BadInput("--prompt", "byte " + std::to_string(c) + " is outside the vocabulary of " +
+                                         std::to_string(g.vocab_size()));
+        tokens.push_back(c);
+      }
+      if (tokens.empty()) tokens.push_back('\n');  // an empty prompt starts a new line
+      std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
     }
-    if (tokens.empty()) tokens.push_back('\n');  // an empty prompt starts a new line
-    std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
+    const bool cache = args.kv_cache == "on";
     const int64_t T = g.seq_len();
     std::vector<float> row(static_cast<size_t>(g.vocab_size()));
+    const auto start = std::chrono::steady_clock::now();
     for (int64_t n = 0; n < args.tokens; ++n) {
-      const int64_t t = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
-      std::span<const int32_t> ctx(tokens.data() + tokens.size() - t, static_cast<size_t>(t));
-      const Tensor& logits = model.logits(ctx, 1, t);
-      Tensor last = logits.rows(t - 1, t);
+      const Tensor* logits;
+      int64_t last_row;
+      if (cache && model.cached() > 0 && model.cached() < T) {
+        logits = &model.decode(tokens.back());
+        last_row = 0;
+      } else {
+        const int64_t t = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
+        std::span<const int32_t> ctx(tokens.data() + tokens.size() - t, static_cast<size_t>(t));
+        logits = cache ? &model.prefill(ctx) : &model.logits(ctx, 1, t);
+        last_row = t - 1;
+      }
+      Tensor last = logits->rows(last_row, last_row + 1);
       if (last.device() != Device::kCPU) last = last.to(Device::kCPU);  // one row of logits to the host
       Tensor out = Tensor::view(row.data(), last.shape(), DType::kFloat32);
       kernels::cast(last, out);
       const RngStream rng{args.seed, {static_cast<uint32_t>(n), 0, 0}, RngPurpose::kSampling};
       const int32_t next = sample_next_token(row, args.temperature, args.top_k, rng.uniform(0));
       tokens.push_back(next);
-      const unsigned char byte = static_cast<unsigned char>(next);
-      std::fwrite(&byte, 1, 1, stdout);
+      if (ids) {
+        std::printf(" %d", next);
+      } else {
+        const unsigned char byte = static_cast<unsigned char>(next);
+        std::fwrite(&byte, 1, 1, stdout);
+      }
     }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fputc('\n', stdout);
     std::fflush(stdout);
+    if (args.timing)
+      std::fprintf(stderr, "generated %lld tokens in %.6f s: %.4f ms per token (kv cache %s)\n",
+                   static_cast<long long>(args.tokens), secs, args.tokens > 0 ? 1e3 * secs / args.tokens : 0.0,
+                   args.kv_cache.c_str());
     return 0;
   } catch (const Error& e) {
     std::fflush(stdout);

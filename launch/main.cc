@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--resume", train.resume,
                         "auto: continue from the newest complete checkpoint in the checkpoint directory (or start "
                         "fresh when there is none); PATH: from that checkpoint");
+  train_cmd->add_option("--init-from", train.init_from,
+                        "initial weights from a safetensors file or a Hugging Face model directory (model.init_from)");
 
   // `ampdist ckpt ...`: single-process tools, no communicator (under mpirun, rank 0 works and all exit alike).
   ampdist::CkptArgs ckpt;
@@ -62,8 +64,10 @@ int main(int argc, char** argv) {
       ->required();
   CLI::App* export_cmd = ckpt_cmd->add_subcommand("export", "write the FP32 master weights by tensor name");
   export_cmd->add_option("path", ckpt.path, path_help)->required();
-  export_cmd->add_option("--format", ckpt.format, "output format: safetensors (the default and only one)");
-  export_cmd->add_option("-o,--output", ckpt.output, "output file (written to FILE.tmp, then renamed)")->required();
+  export_cmd->add_option("--format", ckpt.format,
+                         "safetensors (the default: one file, ampdist's names) or hf (a Hugging Face GPT-2 directory)");
+  export_cmd->add_option("-o,--output", ckpt.output,
+                         "output file, or directory for hf (written to a .tmp sibling, then renamed)")->required();
 
   ampdist::EnvArgs env;
   CLI::App* env_cmd = app.add_subcommand("env", "print ranks, hosts, devices, library versions and network interfaces");
@@ -93,6 +97,10 @@ int main(int argc, char** argv) {
   CLI::App* gen_cmd = app.add_subcommand("generate", "sample text from a gpt checkpoint");
   gen_cmd->add_option("--checkpoint", gen.checkpoint, path_help)->required();
   gen_cmd->add_option("--prompt", gen.prompt, "text to continue (default: empty)");
+  gen_cmd->add_option("--prompt-ids", gen.prompt_ids,
+                      "token ids to continue, comma-separated (a model whose vocabulary is not bytes)");
+  gen_cmd->add_option("--kv-cache", gen.kv_cache, "on (default) or off: recompute the whole window for each token");
+  gen_cmd->add_flag("--timing", gen.timing, "print the time per generated token to stderr");
   gen_cmd->add_option("--tokens", gen.tokens, "tokens (bytes) to generate (default 200)");
   gen_cmd->add_option("--temperature", gen.temperature, "softmax temperature; 0 = greedy (default 0.8)");
   gen_cmd->add_option("--top-k", gen.top_k, "sample among the k most likely tokens; 0 = all (default 40)");

@@ -99,6 +99,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     }
     if (!args.device.empty()) set_command_line_device(cfg, args.device);  // over AMPDIST_DEVICE and device.kind
     for (const std::string& s : args.sets) apply_override(cfg, s);
+    if (!args.init_from.empty()) cfg.mutable_model()->set_init_from(args.init_from);
     // Fault drills without editing a config: AMPDIST_FAULT holds a FaultConfig in text format.
     if (const char* faults = std::getenv("AMPDIST_FAULT"); faults && *faults) {
       const RunConfig f = parse_config_text(std::string("fault { ") + faults + " }", "AMPDIST_FAULT");
@@ -107,6 +108,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     const bool overridden = !args.sets.empty() || !args.precision.empty();
     if (overridden) source += " (with command-line overrides)";
     validate_config(cfg, source);
+    check_init_from(cfg);  // before any collective: every rank refuses a bad model.init_from alike
     if (!args.run_dir.empty()) check_text(args.run_dir, "--run-dir");
     if (!args.resume.empty()) check_text(args.resume, "--resume");
     comm.set_timeout(cfg.comm().timeout_s());

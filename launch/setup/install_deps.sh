@@ -42,14 +42,17 @@ fi
 # Python for tests/e2e/check_safetensors.py: Debian's interpreter (not one earlier on PATH) and numpy, plus
 # safetensors from PyPI in build/pyenv. The checkpoint tests use build/pyenv/bin/python3. tensorboard (PyPI) is
 # there for tests/e2e/check_tfevents.py, which reads ampdist's event files with TensorBoard's own reader.
+# transformers (PyPI) is there for tests/e2e/test_hf_gpt2.sh, the Hugging Face round trip: 4.36.2 is the pinned
+# release, one whose PyTorch requirement (torch >= 1.10, != 1.12.0) Debian's python3-torch 1.13 meets and whose
+# save_pretrained writes safetensors by default.
 pyenv=build/pyenv
-check='import safetensors.numpy, numpy, tensorboard'
+check='import safetensors.numpy, numpy, tensorboard, transformers'
 if [ -x "$pyenv/bin/python3" ] && "$pyenv/bin/python3" -c "$check" 2>/dev/null; then
-  echo "install_deps: $pyenv has safetensors, numpy and tensorboard"
+  echo "install_deps: $pyenv has safetensors, numpy, tensorboard and transformers"
   exit 0
 fi
-rm -rf "$pyenv"
-/usr/bin/python3 -m venv --system-site-packages "$pyenv"
-"$pyenv/bin/python3" -m pip install -q --disable-pip-version-check 'safetensors>=0.4,<1' 'tensorboard>=2.14,<3'
+if [ ! -x "$pyenv/bin/python3" ]; then /usr/bin/python3 -m venv --system-site-packages "$pyenv"; fi
+"$pyenv/bin/python3" -m pip install -q --disable-pip-version-check 'safetensors>=0.4,<1' 'tensorboard>=2.14,<3' \
+  'transformers==4.36.2'
 "$pyenv/bin/python3" -c "$check"
-echo "install_deps: $pyenv has safetensors, numpy and tensorboard"
+echo "install_deps: $pyenv has safetensors, numpy, tensorboard and transformers"

@@ -1,5 +1,11 @@
 #include "runtime/nn/attention.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/math.h"
 #include "runtime/kernels/transformer.h"
 
 namespace ampdist {
@@ -48,6 +54,93 @@ const Tensor& CausalSelfAttention::backward(const Tensor& dy, GradContext& ctx) 
   kernels::attention_backward(qkv_, probs_, s, pv_dtype_, dattn, dqkv_);
   ctx.need_input_grad = outer_need;
   return c_attn_->backward(dqkv_, ctx);
+}
+
+namespace {
+// A host FP32 copy of a (possibly device, possibly 16-bit) tensor.
+std::vector<float> host_fp32(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  const Tensor h = t.device() == Device::kCPU ? t : t.to(Device::kCPU);
+  Tensor dst = Tensor::view(out.data(), h.shape(), DType::kFloat32);
+  kernels::cast(h, dst);
+  return out;
+}
+float round_to(float x, DType d) {
+  if (d == DType::kFloat16) return static_cast<float>(half(x));
+  if (d == DType::kBFloat16) return static_cast<float>(bfloat16(x));
+  return x;
+}
+}  // namespace
+
+void CausalSelfAttention::append_kv(const float* row, int64_t pos) {
+  const int64_t hs = channels_ / n_head_;
+  for (int64_t h = 0; h < n_head_; ++h) {
+    std::copy_n(row + channels_ + h * hs, hs, k_cache_.data() + (h * max_seq_ + pos) * hs);
+    std::copy_n(row + 2 * channels_ + h * hs, hs, v_cache_.data() + (h * max_seq_ + pos) * hs);
+  }
+}
+
+void CausalSelfAttention::cache_last_forward() {
+  if (qkv_.ndim() != 2 || qkv_.dim(0) != seq_len_)
+    throw Error("attention " + name() + ": the KV cache needs one window of the last forward, got " +
+                shape_str(qkv_.shape()) + " for windows of " + std::to_string(seq_len_));
+  k_cache_.assign(static_cast<size_t>(max_seq_ * channels_), 0.0f);
+  v_cache_.assign(static_cast<size_t>(max_seq_ * channels_), 0.0f);
+  const std::vector<float> q = host_fp32(qkv_);
+  for (int64_t t = 0; t < seq_len_; ++t) append_kv(q.data() + t * 3 * channels_, t);
+  cached_ = seq_len_;
+}
+
+const Tensor& CausalSelfAttention::decode(const Tensor& x) {
+  if (cached_ <= 0 || cached_ >= max_seq_ || x.ndim() != 2 || x.dim(0) != 1)
+    throw Error("attention " + name() + ": decode needs one row after 1 .. " + std::to_string(max_seq_ - 1) +
+                " cached positions, got " + shape_str(x.shape()) + " after " + std::to_string(cached_));
+  const Tensor& qkv = c_attn_->forward(x);
+  const std::vector<float> row = host_fp32(qkv);
+  const int64_t pos = cached_, hs = channels_ / n_head_, n = pos + 1;
+  append_kv(row.data(), pos);
+  cached_ = n;
+  // The working-dtype q, k, v are exact in FP32; as attention_forward, the p @ v operands are in pv_dtype_.
+  const bool v_rounded = pv_dtype_ != DType::kFloat32 && qkv.dtype() == DType::kFloat32;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  std::vector<float> scores(static_cast<size_t>(n)), y(static_cast<size_t>(channels_));
+  for (int64_t h = 0; h < n_head_; ++h) {
+    const float* q = row.data() + h * hs;
+    const float* kh = k_cache_.data() + h * max_seq_ * hs;
+    const float* vh = v_cache_.data() + h * max_seq_ * hs;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) {
+      float dot = 0.0f;
+      for (int64_t d = 0; d < hs; ++d) dot += q[d] * kh[j * hs + d];
+      scores[j] = dot * scale;
+      mx = std::max(mx, scores[j]);
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      scores[j] = math::softmax_exp(scores[j], mx);
+      sum += scores[j];
+    }
+    const float inv = math::softmax_inv_sum(sum);
+    for (int64_t j = 0; j < n; ++j) scores[j] = round_to(scores[j] * inv, pv_dtype_);
+    for (int64_t d = 0; d < hs; ++d) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = vh[j * hs + d];
+        acc += scores[j] * (v_rounded ? round_to(v, pv_dtype_) : v);
+      }
+      y[static_cast<size_t>(h * hs + d)] = acc;
+    }
+  }
+  y_dec_.ensure({1, channels_}, pv_dtype_, qkv.device());
+  const Tensor src = Tensor::view(y.data(), {1, channels_}, DType::kFloat32);
+  if (qkv.device() == Device::kCPU) {
+    kernels::cast(src, y_dec_);
+  } else {
+    Tensor tmp = Tensor::zeros({1, channels_}, pv_dtype_);
+    kernels::cast(src, tmp);
+    tmp.copy_to(y_dec_);
+  }
+  return c_proj_->forward(y_dec_);
 }
 
 }  // namespace ampdist

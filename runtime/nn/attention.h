@@ -36,12 +36,27 @@ class CausalSelfAttention : public Module {
   // Attention probabilities of the last forward, [B, H, T, T] FP32.
   const Tensor& probs() const { return probs_; }
 
+  // KV cache (inference on one window, GptModel::prefill / decode). cache_last_forward: keeps the keys and values
+  // of the last forward, which must have been one window (batch 1) of t tokens at positions 0 .. t-1. decode: x is
+  // [1, C], the input of position pos = cached(); appends its key and value and returns [1, C] in the working dtype:
+  // the arithmetic of attention_forward for that row (q k^T in FP32 from the working-dtype q, k, scaled by
+  // 1/sqrt(hs); the softmax of kernels/math.h; p rounded to the p @ v dtype; p @ v accumulated in FP32 and rounded
+  // once), computed on the host, so the only difference from a full forward is the order of the FP32 sums.
+  // Throws Error when the cache is full (seq_len positions) or the last forward was not one window.
+  void cache_last_forward();
+  const Tensor& decode(const Tensor& x);
+  int64_t cached() const { return cached_; }
+
  private:
   int64_t channels_, n_head_, max_seq_, seq_len_;
   DType pv_dtype_;
   std::unique_ptr<Linear> c_attn_, c_proj_;
   std::vector<uint8_t> key_mask_;
   Tensor qkv_, probs_, y_, dqkv_;
+  std::vector<float> k_cache_, v_cache_;  // [H, max_seq, hs] FP32 (exact widenings of the working-dtype k, v)
+  int64_t cached_ = 0;
+  void append_kv(const float* row, int64_t pos);  // row: one [3C] row of qkv in FP32
+  Tensor y_dec_;
 };
 
 }  // namespace ampdist

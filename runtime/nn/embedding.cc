@@ -11,14 +11,15 @@ const Tensor kNone;
 constexpr float kGpt2InitStd = 0.02f;  // GPT-2's initializer_range
 }  // namespace
 
-Embedding::Embedding(std::string name, int64_t vocab_size, int64_t max_positions, int64_t channels, float init_scale)
+Embedding::Embedding(std::string name, int64_t vocab_size, int64_t max_positions, int64_t channels, float init_scale,
+                     int64_t table_rows)
     : Module(std::move(name)), vocab_(vocab_size), max_pos_(max_positions), channels_(channels) {
-  if (vocab_size <= 0 || max_positions <= 0 || channels <= 0)
+  if (vocab_size <= 0 || max_positions <= 0 || channels <= 0 || (table_rows != 0 && table_rows < vocab_size))
     throw Error("Embedding " + this->name() + ": vocab_size, positions and channels must be positive",
                 ErrorKind::kBadInput);
   const float bound = kGpt2InitStd * std::sqrt(3.0f) * init_scale;  // U(-a, a) has std a / sqrt(3)
   wte_.name = "wte.weight";
-  wte_.shape = {vocab_size, channels};
+  wte_.shape = {table_rows > 0 ? table_rows : vocab_size, channels};
   wte_.init_bound = bound;
   wpe_.name = "wpe.weight";
   wpe_.shape = {max_positions, channels};
@@ -31,10 +32,11 @@ void Embedding::collect_parameters(std::vector<Parameter*>& out) {
   out.push_back(&wpe_);
 }
 
-const Tensor& Embedding::forward(const Tensor& x) {
-  if (x.ndim() != 2 || x.dim(1) > max_pos_ || x.dtype() != DType::kFloat32)
+const Tensor& Embedding::forward_at(const Tensor& x, int64_t first_position) {
+  if (x.ndim() != 2 || first_position < 0 || x.dim(1) > max_pos_ - first_position || x.dtype() != DType::kFloat32)
     throw Error("Embedding " + name() + ": input " + shape_str(x.shape()) + " " + dtype_name(x.dtype()) +
-                ", expected FP32 token ids [B, T <= " + std::to_string(max_pos_) + "]");
+                " from position " + std::to_string(first_position) + ", expected FP32 token ids [B, T <= " +
+                std::to_string(max_pos_ - first_position) + "]");
   seq_len_ = x.dim(1);
   tokens_.resize(static_cast<size_t>(x.numel()));
   const float* t = x.data_as<float>();
@@ -47,7 +49,8 @@ const Tensor& Embedding::forward(const Tensor& x) {
   }
   // Token ids are read on the host (x is a host tensor on either backend); the output lives with the weights.
   y_.ensure({x.numel(), channels_}, DType::kFloat32, wte_.master.device());
-  kernels::embedding_forward(tokens_, seq_len_, wte_.master, wpe_.master, y_);
+  const Tensor wpe = first_position == 0 ? wpe_.master : wpe_.master.rows(first_position, first_position + seq_len_);
+  kernels::embedding_forward(tokens_, seq_len_, wte_.master, wpe, y_);
   return y_;
 }
 

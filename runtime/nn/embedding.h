@@ -14,14 +14,19 @@ namespace ampdist {
 
 class Embedding : public Module {
  public:
-  Embedding(std::string name, int64_t vocab_size, int64_t max_positions, int64_t channels, float init_scale);
+  // table_rows: rows of wte, >= vocab_size (a padded vocabulary, GptConfig.padded_vocab_multiple; 0 = vocab_size).
+  // Tokens are ids in [0, vocab_size); the rows beyond are never gathered.
+  Embedding(std::string name, int64_t vocab_size, int64_t max_positions, int64_t channels, float init_scale,
+            int64_t table_rows = 0);
   Parameter& token_weight() { return wte_; }
   Parameter& position_weight() { return wpe_; }
 
   void collect_parameters(std::vector<Parameter*>& out) override;
   // x: [B, T] FP32 token ids (integers < 2^24 are exact in FP32), T <= max_positions. Returns [B*T, C] FP32.
   // Throws Error (bad input) for a token outside [0, V).
-  const Tensor& forward(const Tensor& x) override;
+  const Tensor& forward(const Tensor& x) override { return forward_at(x, 0); }
+  // The same with positions first_position .. first_position + T - 1 (decoding with a KV cache, inference only).
+  const Tensor& forward_at(const Tensor& x, int64_t first_position);
   // dy: [B*T, C] any dtype. Adds (scatter) into the FP32 gradients; wte's gradient is written fresh unless
   // ctx.accumulate or keep_token_grad() (a tied LM head wrote its part first). Returns an empty tensor.
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;

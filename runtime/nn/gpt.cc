@@ -32,6 +32,8 @@ void check_config(const GptConfig& c) {
     throw bad("vocab_size", "must be in [2, 65536] (uint16 tokens), got " + std::to_string(c.vocab_size()));
   if (!(c.dropout() >= 0.0f && c.dropout() < 1.0f))
     throw bad("dropout", "must be in [0, 1), got " + std::to_string(c.dropout()));
+  if (c.padded_vocab_multiple() < 1 || c.padded_vocab_multiple() > 4096)
+    throw bad("padded_vocab_multiple", "must be in [1, 4096], got " + std::to_string(c.padded_vocab_multiple()));
   if (!(c.init_scale() > 0.0f) || !std::isfinite(c.init_scale()))
     throw bad("init_scale", "must be finite and > 0, got " + std::to_string(c.init_scale()));
   const double params = 12.0 * c.n_layer() * double(c.n_embd()) * c.n_embd() +
@@ -53,7 +55,7 @@ GptModel::GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed
   check_config(cfg_);
   const int64_t C = cfg_.n_embd(), T = cfg_.seq_len(), V = cfg_.vocab_size();
   const float scale = cfg_.init_scale();
-  emb_ = std::make_unique<Embedding>("embedding", V, T, C, scale);
+  emb_ = std::make_unique<Embedding>("embedding", V, T, C, scale, table_rows());
   for (int l = 0; l < cfg_.n_layer(); ++l) {
     const std::string p = "h." + std::to_string(l);
     auto b = std::make_unique<Block>();
@@ -85,6 +87,11 @@ GptModel::GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed
 }
 
 GptModel::~GptModel() = default;
+
+int64_t GptModel::table_rows() const {
+  const int64_t m = cfg_.padded_vocab_multiple();
+  return (cfg_.vocab_size() + m - 1) / m * m;
+}
 
 void GptModel::collect_parameters(std::vector<Parameter*>& out) {
   emb_->collect_parameters(out);
@@ -158,6 +165,38 @@ const Tensor& GptModel::logits(std::span<const int32_t> tokens, int64_t batch, i
   return out;
 }
 
+const Tensor& GptModel::prefill(std::span<const int32_t> tokens) {
+  const Tensor& out = logits(tokens, 1, static_cast<int64_t>(tokens.size()));
+  for (auto& b : blocks_) b->attn->cache_last_forward();
+  cached_ = static_cast<int64_t>(tokens.size());
+  return out;
+}
+
+const Tensor& GptModel::decode(int32_t token) {
+  if (cached_ <= 0 || cached_ >= cfg_.seq_len())
+    throw Error("gpt: decode needs 1 .. " + std::to_string(cfg_.seq_len() - 1) + " cached positions, got " +
+                std::to_string(cached_) + " (prefill first, or again once the window is full)");
+  ids_.ensure({1, 1}, DType::kFloat32);
+  ids_.data_as<float>()[0] = static_cast<float>(token);
+  const bool was_training = training_;
+  training_ = false;
+  copy_fp32(emb_->forward_at(ids_, cached_), resid_[0]);
+  size_t k = 0;
+  auto residual = [&](const Tensor& branch) {
+    copy_fp32(resid_[k], resid_[k + 1]);
+    kernels::add_inplace(resid_[k + 1], branch);
+    ++k;
+  };
+  for (auto& bp : blocks_) {
+    Block& b = *bp;
+    residual(b.attn->decode(b.ln_1->forward(resid_[k])));
+    residual(b.c_proj->forward(b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[k])))));
+  }
+  ++cached_;
+  training_ = was_training;
+  return head(ln_f_->forward(resid_[k]));
+}
+
 const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
   for (auto& b : blocks_) b->attn->set_seq_len(t);
   copy_fp32(emb_->forward(token_ids), resid_[0]);
@@ -176,7 +215,10 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
     const Tensor& h = b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[k])));
     residual(b.c_proj->forward(h), static_cast<uint32_t>(2 + 2 * l));
   }
-  const Tensor& hf = ln_f_->forward(resid_[k]);
+  return head(ln_f_->forward(resid_[k]));
+}
+
+const Tensor& GptModel::head(const Tensor& hf) {
   if (lm_head_) return lm_head_->forward(hf);
   // Tied head: logits = h @ wte^T, a GEMM in the working dtype (autocast "linear" of layer "lm_head").
   const Tensor* h = &hf;
@@ -187,8 +229,9 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
   } else {
     h_cast_ = hf;
   }
-  logits_.ensure({hf.dim(0), cfg_.vocab_size()}, head_dtype_, hf.device());
-  kernels::gemm(*h, false, emb_->token_weight().weights_for(head_dtype_), true, logits_);
+  const int64_t V = cfg_.vocab_size();
+  logits_.ensure({hf.dim(0), V}, head_dtype_, hf.device());
+  kernels::gemm(*h, false, emb_->token_weight().weights_for(head_dtype_).rows(0, V), true, logits_);
   return logits_;
 }
 
@@ -206,10 +249,13 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
       dl = &dbranch_;
     }
     Parameter& wte = emb_->token_weight();
-    // dwte [V, C] = dlogits^T [V, N] @ h [N, C]; the embedding's backward adds its scatter after this.
-    kernels::gemm(*dl, true, h_cast_, false, wte.grad, 1.0f, ctx.accumulate ? 1.0f : 0.0f);
+    const int64_t V = cfg_.vocab_size();
+    // dwte [V, C] = dlogits^T [V, N] @ h [N, C]; the embedding's backward adds its scatter after this. The padded
+    // rows beyond V are never written here (the embedding's backward zeroes them with the rest).
+    Tensor dwte = wte.grad.rows(0, V);
+    kernels::gemm(*dl, true, h_cast_, false, dwte, 1.0f, ctx.accumulate ? 1.0f : 0.0f);
     dh_.ensure(h_cast_.shape(), head_dtype_, h_cast_.device());
-    kernels::gemm(*dl, false, wte.weights_for(head_dtype_), false, dh_);
+    kernels::gemm(*dl, false, wte.weights_for(head_dtype_).rows(0, V), false, dh_);
     dh = &dh_;
   }
   dresid_.ensure(resid_.back().shape(), DType::kFloat32, resid_.back().device());

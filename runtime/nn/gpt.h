@@ -5,7 +5,10 @@
 //   logits = ln_f(x) @ wte^T  (tied, GPT-2)  or  lm_head(ln_f(x))  [B*T, V], working dtype
 //
 // Parameter names follow nanoGPT: wte.weight, wpe.weight, h.0.ln_1.weight, h.0.attn.c_attn.weight, ...,
-// ln_f.weight, lm_head.weight (untied only).
+// ln_f.weight, lm_head.weight (untied only). wte has table_rows() rows: vocab_size rounded up to a multiple of
+// padded_vocab_multiple (llm.c's padded vocabulary); the tied head's GEMM reads its first vocab_size rows only, so the
+// logits are [*, vocab_size], the padded rows are never sampled and get no gradient (they keep their initial values,
+// 0 from init_from).
 //
 // Input rows (what TokenWindowDataset produces): [B, T + 3] FP32, columns 0 .. T the window's T + 1 tokens (inputs
 // are 0 .. T-1, targets 1 .. T), columns T+1 and T+2 the window's dataset index (low 16 bits, high bits), which
@@ -46,6 +49,16 @@ class GptModel : public Module {
 
   // Inference on `batch` windows of t <= seq_len tokens each (no targets, no dropout): logits [batch * t, V].
   const Tensor& logits(std::span<const int32_t> tokens, int64_t batch, int64_t t);
+  // KV-cache inference on one window: prefill runs t <= seq_len tokens at positions 0 .. t-1 as logits(tokens, 1, t)
+  // does (returning its logits [t, V]) and keeps every block's keys and values; decode runs one more token at
+  // position cached() and returns its logits [1, V], one position's work (CausalSelfAttention::decode), the same
+  // arithmetic as the last row of a full forward up to the order of FP32 sums in attention. Throws Error when
+  // nothing is cached or the cache holds seq_len positions (then prefill the window again).
+  const Tensor& prefill(std::span<const int32_t> tokens);
+  const Tensor& decode(int32_t token);
+  int64_t cached() const { return cached_; }
+  // Rows of wte (>= vocab_size: the padded vocabulary, GptConfig.padded_vocab_multiple).
+  int64_t table_rows() const;
   // Targets of the last forward(x): [B * T].
   std::span<const int32_t> targets() const { return targets_; }
   int64_t seq_len() const { return cfg_.seq_len(); }
@@ -55,6 +68,7 @@ class GptModel : public Module {
  private:
   struct Block;
   const Tensor& run(const Tensor& token_ids, int64_t t);
+  const Tensor& head(const Tensor& ln_f_out);  // logits [N, V] of ln_f's output
   void dropout(Tensor& x, uint32_t site);
 
   GptConfig cfg_;
@@ -68,6 +82,7 @@ class GptModel : public Module {
   std::unique_ptr<Linear> lm_head_;  // untied only
   std::vector<int32_t> targets_;
   std::vector<uint32_t> sample_ids_;
+  int64_t cached_ = 0;
   std::vector<Tensor> resid_;  // resid_[k]: the residual stream after k branches (0: the embedding), FP32
   Tensor ids_, h_cast_, logits_, dresid_, dbranch_, dh_;
 };

@@ -33,10 +33,31 @@ void Optimizer::step(Tensor& params, const Tensor& grads, float lr) {
   ++step_count_;
 }
 
+namespace {
+// Elements [b, b + n) of a flat FP32 buffer, on its device.
+Tensor span_of(const Tensor& t, int64_t b, int64_t n) {
+  return Tensor::view(const_cast<float*>(t.data_as<float>()) + b, {n}, DType::kFloat32, t.device());
+}
+}  // namespace
+
+void Optimizer::set_no_decay(std::vector<std::pair<int64_t, int64_t>> ranges) {
+  for (size_t i = 0; i < ranges.size(); ++i)
+    if (ranges[i].first < 0 || ranges[i].second < ranges[i].first || (i > 0 && ranges[i].first < ranges[i - 1].second))
+      throw Error("optimizer: no-decay ranges must be sorted, disjoint and non-negative");
+  no_decay_ = std::move(ranges);
+}
+
 void Sgd::step(Tensor& params, const Tensor& grads, const StepGate* gate) {
   // lr and first_step come from the gate.
   const kernels::SgdParams p{0.0f, cfg_.momentum(), cfg_.dampening(), weight_decay_, cfg_.nesterov(), false};
-  kernels::sgd_step(params, grads, momentum_, p, gate);
+  if (no_decay_.empty()) return kernels::sgd_step(params, grads, momentum_, p, gate);
+  const bool has_buf = cfg_.momentum() != 0.0f;
+  for_each_run(params.numel(), [&](int64_t b, int64_t n, bool decay) {
+    kernels::SgdParams q = p;
+    if (!decay) q.weight_decay = 0.0f;
+    Tensor w = span_of(params, b, n), buf = has_buf ? span_of(momentum_, b, n) : momentum_;
+    kernels::sgd_step(w, span_of(grads, b, n), buf, q, gate);
+  });
 }
 
 std::vector<std::pair<std::string, Tensor*>> Sgd::state() {
@@ -53,7 +74,13 @@ AdamW::AdamW(int64_t numel, const AdamWConfig& cfg, float weight_decay, Device d
 void AdamW::step(Tensor& params, const Tensor& grads, const StepGate* gate) {
   // lr, the step and its bias corrections come from the gate.
   const kernels::AdamWParams p{0.0f, cfg_.beta1(), cfg_.beta2(), cfg_.eps(), weight_decay_, 0};
-  kernels::adamw_step(params, grads, m_, v_, p, gate);
+  if (no_decay_.empty()) return kernels::adamw_step(params, grads, m_, v_, p, gate);
+  for_each_run(params.numel(), [&](int64_t b, int64_t n, bool decay) {
+    kernels::AdamWParams q = p;
+    if (!decay) q.weight_decay = 0.0f;
+    Tensor w = span_of(params, b, n), m = span_of(m_, b, n), v = span_of(v_, b, n);
+    kernels::adamw_step(w, span_of(grads, b, n), m, v, q, gate);
+  });
 }
 
 std::vector<std::pair<std::string, Tensor*>> AdamW::state() { return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}}; }

@@ -33,11 +33,29 @@ class Optimizer {
   void set_step_count(int64_t n) { step_count_ = n; }
   // The per-element state buffers (momentum; m and v), [n] FP32 each, in a fixed order with their names.
   virtual std::vector<std::pair<std::string, Tensor*>> state() = 0;
+  // Parameter groups (optimizer.no_decay): element ranges [begin, end) of the buffers step() updates (this rank's
+  // slice with ZeRO stage 1, so ranges relative to the slice) that get no weight decay; sorted, disjoint. Each step
+  // then updates the runs of the buffer in order, the no-decay runs with weight_decay 0, with the same per-element
+  // function (kernels/math.h) as one whole-buffer update; empty (the default) is that one update.
+  void set_no_decay(std::vector<std::pair<int64_t, int64_t>> ranges);
+  const std::vector<std::pair<int64_t, int64_t>>& no_decay() const { return no_decay_; }
 
  protected:
   // AdamW's betas, for the host-built gate's bias corrections (none for SGD).
   virtual bool bias_corrected(double& beta1, double& beta2) const { return false; }
+  // Calls f(begin, count, decay) for the runs of [0, n) in order: the whole buffer with decay when no ranges are
+  // set, else alternating decay / no-decay runs (empty runs skipped).
+  template <typename F> void for_each_run(int64_t n, F&& f) const {
+    int64_t at = 0;
+    for (const auto& [b, e] : no_decay_) {
+      if (b > at) f(at, b - at, true);
+      if (e > b) f(b, e - b, false);
+      at = e;
+    }
+    if (n > at) f(at, n - at, true);
+  }
   int64_t step_count_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> no_decay_;
 };
 
 class Sgd : public Optimizer {

@@ -287,6 +287,8 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
       fail("model.gpt.vocab_size", "must be in [2, 65536] (uint16 tokens)", str(g.vocab_size()));
     in_unit("model.gpt.dropout", g.dropout());
     positive("model.gpt.init_scale", g.init_scale());
+    if (g.padded_vocab_multiple() < 1 || g.padded_vocab_multiple() > 4096)
+      fail("model.gpt.padded_vocab_multiple", "must be in [1, 4096]", str(g.padded_vocab_multiple()));
     if (!d.has_tokens() && !d.has_text()) fail("data", "a gpt model needs tokens { ... } or text { ... }", "unset");
   } else if (d.has_tokens() || d.has_text()) {
     fail("data", "tokens { ... } and text { ... } are read by model { gpt { ... } } only", "an mlp model");
@@ -312,6 +314,10 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   non_negative("optimizer.clip_grad_norm", o.clip_grad_norm());
   if (o.zero_stage() != 0 && o.zero_stage() != 1)
     fail("optimizer.zero_stage", "must be 0 (replicated optimizer state) or 1 (sharded)", str(o.zero_stage()));
+  for (int i = 0; i < o.no_decay_size(); ++i)
+    if (o.no_decay(i).empty()) fail("optimizer.no_decay[" + std::to_string(i) + "]", "must be a name pattern", "\"\"");
+  if (cfg.model().has_init_from() && cfg.model().init_from().empty())
+    fail("model.init_from", "must name a safetensors file or a Hugging Face model directory", "\"\"");
   if (o.accumulation_steps() < 1)
     fail("optimizer.accumulation_steps", "must be >= 1", str(o.accumulation_steps()));
   if (o.has_sgd()) {
@@ -373,7 +379,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   // train, log
   const TrainConfig& t = cfg.train();
   non_negative("train.steps", static_cast<double>(t.steps()));
-  if (t.steps() == 0) positive("train.epochs", static_cast<double>(t.epochs()));
+  non_negative("train.epochs", static_cast<double>(t.epochs()));  // steps 0 and epochs 0: evaluation only
   // Bounds that keep step arithmetic (epochs x steps per epoch, step x global batch) far from int64 overflow.
   if (t.steps() > (int64_t{1} << 40)) fail("train.steps", "must be <= 2^40", str(t.steps()));
   if (t.epochs() > 1000000) fail("train.epochs", "must be <= 1000000", str(t.epochs()));

@@ -171,7 +171,9 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   }
   if (!s.stopped) {
     evaluate(std::max(total, trainer.iteration()));  // labelled with the weights' real step
-    if (ck.save_final() && saved_at != total && s.steps > 0) save(total);
+    // A run of no steps (train.steps and train.epochs 0: the initial weights, e.g. model.init_from's, evaluated) also
+    // saves them, as step 0, so that they can be exported.
+    if (ck.save_final() && saved_at != total && (s.steps > 0 || (total == 0 && first == 1))) save(total);
   }
 
   s.skipped_steps = trainer.scaler().state().skipped_steps;

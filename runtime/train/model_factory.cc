@@ -2,6 +2,7 @@
 #include <set>
 #include <string>
 
+#include "runtime/checkpoint/pretrained.h"
 #include "runtime/core/device.h"
 #include "runtime/data/token_data.h"
 #include "runtime/nn/gpt.h"
@@ -24,6 +25,14 @@ std::set<OpKind> to_ops(const google::protobuf::RepeatedPtrField<std::string>& r
 }
 
 }  // namespace
+
+void check_init_from(const RunConfig& cfg) {
+  if (cfg.model().init_from().empty() || !cfg.model().has_gpt()) return;
+  GptModel model(cfg.model().gpt(), Autocast(DType::kFloat32), 0);
+  std::vector<Parameter*> params;
+  model.collect_parameters(params);
+  const PretrainedSource source(cfg.model().init_from(), flat_layout(params), &cfg.model().gpt());
+}
 
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
   const Device dev = comm.device();

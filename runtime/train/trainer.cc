@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <thread>
 
+#include <fnmatch.h>
+
+#include "runtime/checkpoint/pretrained.h"
 #include "runtime/core/device.h"
 #include "runtime/kernels/device_ops.h"
 #include "runtime/kernels/kernels.h"
@@ -35,12 +38,19 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   const bool sharded = cfg_.optimizer().zero_stage() == 1 || cfg_.comm().mode() == REDUCE_SCATTER;
   masters_ = bind_parameters(params_, working, device_, cfg_.train().seed(),
                              sharded ? MasterSlice{comm_.rank(), comm_.world_size()} : MasterSlice{});
+  if (!cfg_.model().init_from().empty()) {
+    // Pretrained weights over the random ones: master slice, working copy and FP32 copies alike (fill).
+    const PretrainedSource source(cfg_.model().init_from(), masters_->layout(),
+                                  cfg_.model().has_gpt() ? &cfg_.model().gpt() : nullptr);
+    masters_->fill([&](size_t i, int64_t first, int64_t count, float* out) { source.read(i, first, count, out); });
+  }
   scaler_ = LossScaler::from_config(cfg_.precision(), dtype_to_name(working));
   const int64_t cap_bytes = static_cast<int64_t>(cfg_.comm().bucket_cap_mb() * 1024.0 * 1024.0);
   reducer_ = std::make_unique<Reducer>(comm_, masters_->grads(), masters_->layout(), std::max<int64_t>(cap_bytes, 1),
                                        resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),  // AUTO: FP32
                                        masters_->slice_counts());
   optimizer_ = make_optimizer(cfg_.optimizer(), masters_->slice_count(), device_);
+  if (cfg_.optimizer().no_decay_size() > 0) optimizer_->set_no_decay(no_decay_ranges(cfg_.optimizer(), *masters_));
   if (sharded) rank_sums_ = Tensor::zeros({4 * static_cast<int64_t>(comm_.world_size())}, DType::kFloat16, device_);
   grad_ctx_.on_grad_ready = [this](Parameter& p) { on_grad_ready(p); };
 
@@ -71,6 +81,28 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
 }
 
 Trainer::~Trainer() = default;
+
+std::vector<std::pair<int64_t, int64_t>> no_decay_ranges(const OptimizerConfig& cfg, const MasterWeights& masters) {
+  const FlatLayout& layout = masters.layout();
+  std::vector<bool> matched(static_cast<size_t>(cfg.no_decay_size()), false);
+  const int64_t sb = masters.slice_begin(), se = sb + masters.slice_count();
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    bool hit = false;
+    for (int k = 0; k < cfg.no_decay_size(); ++k)
+      if (::fnmatch(cfg.no_decay(k).c_str(), layout[i].name.c_str(), 0) == 0) hit = matched[static_cast<size_t>(k)] = true;
+    if (!hit) continue;
+    const int64_t b = std::max(sb, layout[i].offset), e = std::min(se, layout[i].offset + layout[i].numel());
+    if (e <= b) continue;
+    if (!out.empty() && out.back().second == b - sb) out.back().second = e - sb;  // adjacent tensors: one range
+    else out.emplace_back(b - sb, e - sb);
+  }
+  for (int k = 0; k < cfg.no_decay_size(); ++k)
+    if (!matched[static_cast<size_t>(k)])
+      throw ConfigInput("optimizer.no_decay[" + std::to_string(k) + "] \"" + cfg.no_decay(k) +
+                        "\" matches no tensor of the model (names such as " + layout[0].name + ")");
+  return out;
+}
 
 int64_t Trainer::steps_per_epoch() const { return sampler_ ? sampler_->steps_per_epoch() : 0; }
 

@@ -213,4 +213,14 @@ class Trainer {
 // (train/model_factory.cc).
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm);
 
+// optimizer.no_decay as element ranges of this rank's master slice (the whole flat space unsharded): the tensors
+// whose name matches a pattern (fnmatch(3)), intersected with the slice, adjacent ones merged. Throws ConfigInput
+// naming a pattern that matches no tensor.
+std::vector<std::pair<int64_t, int64_t>> no_decay_ranges(const OptimizerConfig& cfg, const MasterWeights& masters);
+
+// model.init_from checked against the model cfg describes (a gpt model; nothing for others, whose layout depends on
+// the data), without reading any weight: every rank runs it in its set-up, before any collective, and refuses a bad
+// source alike (runtime/checkpoint/pretrained.h lists the checks). Throws BadInput naming the file and tensor.
+void check_init_from(const RunConfig& cfg);
+
 }  // namespace ampdist

@@ -366,6 +366,67 @@ TEST(GptModel, InferenceLogitsMatchTrainingForward) {
   for (int64_t i = 0; i < 4 * 13; ++i) EXPECT_NEAR(l.item(i), full[static_cast<size_t>(i)], 1e-5f) << i;
 }
 
+TEST(GptModel, KvCacheDecodeMatchesFullWindows) {
+  // prefill(3 tokens) then decode 3 more: each decoded row equals the last row of a full forward of the same prefix.
+  // Tolerance 1e-5: both are FP32 of the same operands; only the order of the FP32 sums in q k^T and p v differs
+  // (hs = 4 and <= 6 terms: a few ulps of logits of magnitude ~1).
+  for (const bool tied : {true, false}) {
+    GptConfig cfg = small_config(tied, 0.0f);
+    cfg.set_padded_vocab_multiple(8);  // 13 -> 16 rows of wte
+    const Autocast ac(DType::kFloat32);
+    GptModel model(cfg, ac, 5);
+    auto mw = fp32_masters(model);
+    model.set_mode(false, 0);
+    const std::vector<int32_t> seq = {3, 11, 0, 7, 12, 5};
+    const Tensor& pre = model.prefill(std::span<const int32_t>(seq.data(), 3));
+    ASSERT_EQ(pre.dim(1), 13) << "logits over the real vocabulary only";
+    std::vector<std::vector<float>> decoded;
+    for (size_t n = 3; n < seq.size(); ++n) decoded.push_back(copy_of(model.decode(seq[n])));
+    EXPECT_EQ(model.cached(), 6);
+    EXPECT_THROW(model.decode(1), Error) << "the window (seq_len 6) is full";
+    for (size_t n = 3; n < seq.size(); ++n) {
+      const Tensor& full = model.logits(std::span<const int32_t>(seq.data(), n + 1), 1, static_cast<int64_t>(n + 1));
+      for (int64_t v = 0; v < 13; ++v)
+        EXPECT_NEAR(decoded[n - 3][static_cast<size_t>(v)], full.item(static_cast<int64_t>(n) * 13 + v), 1e-5f)
+            << "tied " << tied << " position " << n << " id " << v;
+    }
+  }
+}
+
+TEST(GptModel, PaddedVocabularyRowsAreNeverReadAndGetNoGradient) {
+  GptConfig cfg = small_config(true, 0.0f);
+  cfg.set_padded_vocab_multiple(8);
+  const Autocast ac(DType::kFloat32);
+  GptModel model(cfg, ac, 5);
+  EXPECT_EQ(model.table_rows(), 16);
+  auto mw = fp32_masters(model);
+  std::vector<Parameter*> params;
+  model.collect_parameters(params);
+  Parameter* wte = params[0];
+  ASSERT_EQ(wte->shape, (Shape{16, 8}));
+  // Padded rows set to a huge value: if any op read them, the logits or the loss would show it.
+  GptModel ref(small_config(true, 0.0f), ac, 5);
+  auto mw_ref = fp32_masters(ref);
+  std::vector<Parameter*> ref_params;
+  ref.collect_parameters(ref_params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    float* dst = params[i]->master.data_as<float>();
+    const float* src = ref_params[i]->master.data_as<float>();
+    for (int64_t k = 0; k < ref_params[i]->numel(); ++k) dst[k] = src[k];
+  }
+  for (int64_t k = 13 * 8; k < 16 * 8; ++k) wte->master.data_as<float>()[k] = 1e30f;
+  model.set_mode(true, 1);
+  ref.set_mode(true, 1);
+  LanguageModelLoss crit(model), crit_ref(ref);
+  const Tensor x = windows(cfg, 2);
+  const double loss = crit.forward(model.forward(x), {});
+  EXPECT_EQ(loss, crit_ref.forward(ref.forward(x), {})) << "padding changes nothing, bitwise";
+  GradContext ctx = fresh_ctx();
+  ctx.need_input_grad = false;
+  model.backward(crit.backward(1.0f), ctx);
+  for (int64_t k = 13 * 8; k < 16 * 8; ++k) EXPECT_EQ(wte->grad.item(k), 0.0f) << "padded row element " << k;
+}
+
 TEST(GptModel, Fp16LargeInitKeepsLossFinite) {
   // init_scale 40 gives attention logits far beyond 65504 in fp16; the FP32 scores and LayerNorm keep the forward
   // finite, and fp16 GEMM outputs are the only place an overflow could appear.
@@ -408,6 +469,10 @@ TEST(GptAutocast, NewOpKindsHaveTheirPolicy) {
 TEST(GptConfigCheck, ShippedConfigValidatesAndBadFieldsAreNamed) {
   const RunConfig shipped = parse_config_file(std::string(AMPDIST_SOURCE_DIR) + "/configs/fortunes_gpt.pbtxt");
   EXPECT_NO_THROW(validate_config(shipped, "fortunes_gpt.pbtxt"));
+  const RunConfig gpt2 = parse_config_file(std::string(AMPDIST_SOURCE_DIR) + "/configs/gpt2_124m.pbtxt");
+  EXPECT_NO_THROW(validate_config(gpt2, "gpt2_124m.pbtxt"));
+  EXPECT_EQ(gpt2.model().gpt().vocab_size(), 50257);
+  EXPECT_EQ(gpt2.model().gpt().seq_len(), 1024);
   auto message = [](const std::string& text) {
     try {
       validate_config(parse_config_text(text, "x.pbtxt"), "x.pbtxt");

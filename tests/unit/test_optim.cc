@@ -8,6 +8,7 @@
 #include "runtime/core/tensor.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/train/trainer.h"
 
 namespace ampdist {
 namespace {
@@ -301,6 +302,87 @@ TEST(MakeOptimizer, PicksKindAndState) {
   p.data_as<float>()[0] = 1.0f;
   c->step(p, g, 0.5f);
   EXPECT_EQ(p.item(0), 1.0f - 0.5f * 0.1f);
+}
+
+// ---- parameter groups (optimizer.no_decay) ----------------------------------------------------------------------
+
+TEST(NoDecay, AdamWFirstStepClosedFormPerGroup) {
+  // Step 1 of AdamW: p1 = p0 (1 - lr wd) - lr g / (|g| + eps) where decay applies, p1 = p0 - lr g / (|g| + eps) in
+  // the no-decay ranges [1, 3) and [4, 5); with g = 0 that is p0 (1 - lr wd), resp. exactly p0.
+  AdamWConfig cfg;
+  const float lr = 1e-2f, wd = 0.1f;
+  AdamW opt(6, cfg, wd);
+  opt.set_no_decay({{1, 3}, {4, 5}});
+  const std::vector<float> p0 = {1.0f, 2.0f, -1.0f, 0.5f, 3.0f, -2.0f}, g0 = {0.1f, -0.5f, 0.0f, 0.0f, 0.0f, 0.25f};
+  Tensor p = vec(p0), g = vec(g0);
+  opt.step(p, g, lr);
+  const bool decays[6] = {true, false, false, true, false, true};
+  std::vector<double> ref(6);
+  for (int i = 0; i < 6; ++i)
+    ref[i] = p0[i] * (decays[i] ? 1.0 - double(lr) * wd : 1.0) -
+             double(lr) * g0[i] / (std::fabs(double(g0[i])) + 1e-8);
+  expect_close(p, ref);
+  EXPECT_EQ(p.item(2), -1.0f);                       // no decay, zero gradient: unchanged, bitwise
+  EXPECT_EQ(p.item(4), 3.0f);
+  EXPECT_EQ(p.item(3), 0.5f * (1.0f - lr * wd));     // decay, zero gradient: decay only
+  // The decayed elements are bitwise those of a whole-buffer update (the same per-element function).
+  AdamW whole(6, cfg, wd);
+  Tensor q = vec(p0), gq = vec(g0);
+  whole.step(q, gq, lr);
+  for (int i : {0, 3, 5}) EXPECT_EQ(p.item(i), q.item(i)) << i;
+  // Moments are per element whatever the group: m = (1 - beta1) g after one step.
+  EXPECT_FLOAT_EQ(opt.exp_avg().item(1), 0.1f * -0.5f);
+}
+
+TEST(NoDecay, SgdMomentumFirstStepClosedFormPerGroup) {
+  // torch.optim.SGD's first step with momentum: buf = g + wd p, p1 = p0 - lr buf; no decay: buf = g.
+  SgdConfig cfg;
+  cfg.set_momentum(0.9f);
+  const float lr = 0.5f, wd = 0.25f;
+  Sgd opt(4, cfg, wd);
+  opt.set_no_decay({{2, 4}});
+  const std::vector<float> p0 = {1.0f, -2.0f, 4.0f, 8.0f}, g0 = {0.5f, 0.25f, 0.5f, 0.0f};
+  Tensor p = vec(p0), g = vec(g0);
+  opt.step(p, g, lr);
+  // Values chosen exact in FP32: 1 - 0.5 (0.5 + 0.25) = 0.625; -2 - 0.5 (0.25 - 0.5) = -1.875; 4 - 0.25 = 3.75; 8.
+  EXPECT_EQ(p.item(0), 0.625f);
+  EXPECT_EQ(p.item(1), -1.875f);
+  EXPECT_EQ(p.item(2), 3.75f);
+  EXPECT_EQ(p.item(3), 8.0f);
+}
+
+TEST(NoDecay, RangesAreCheckedSortedAndDisjoint) {
+  Sgd opt(8, SgdConfig(), 0.1f);
+  EXPECT_THROW(opt.set_no_decay({{4, 6}, {2, 3}}), Error);
+  EXPECT_THROW(opt.set_no_decay({{2, 5}, {4, 6}}), Error);
+  EXPECT_NO_THROW(opt.set_no_decay({{0, 2}, {2, 3}}));
+}
+
+TEST(NoDecay, RangesFromPatternsIntersectTheZeroSlice) {
+  // Layout: w0 [6] at 0, b0 [2] at 6, w1 [3] at 8, b1 [1] at 11: 12 elements; rank 1 of 2 holds [6, 12).
+  FlatLayout layout;
+  layout.add("fc0.weight", {2, 3});
+  layout.add("fc0.bias", {2});
+  layout.add("fc1.weight", {1, 3});
+  layout.add("fc1.bias", {1});
+  OptimizerConfig cfg;
+  cfg.add_no_decay("*.bias");
+  MasterWeights whole(layout, DType::kFloat32);
+  EXPECT_EQ(no_decay_ranges(cfg, whole), (std::vector<std::pair<int64_t, int64_t>>{{6, 8}, {11, 12}}));
+  MasterWeights r1(layout, DType::kFloat32, Device::kCPU, MasterSlice{1, 2});
+  EXPECT_EQ(no_decay_ranges(cfg, r1), (std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {5, 6}}));
+  MasterWeights r0(layout, DType::kFloat32, Device::kCPU, MasterSlice{0, 2});
+  EXPECT_TRUE(no_decay_ranges(cfg, r0).empty());  // rank 0 holds fc0.weight only
+  cfg.add_no_decay("fc1.*");  // [8, 12) follows fc0.bias [6, 8): merged into one range
+  EXPECT_EQ(no_decay_ranges(cfg, whole), (std::vector<std::pair<int64_t, int64_t>>{{6, 12}}));
+  cfg.add_no_decay("ln_*");
+  try {
+    no_decay_ranges(cfg, whole);
+    FAIL() << "a pattern matching nothing must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer.no_decay[2] \"ln_*\" matches no tensor"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
