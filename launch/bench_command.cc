@@ -34,16 +34,22 @@ RunConfig bench_config(const BenchArgs& args, int64_t& features, int32_t& classe
   if (args.steps < 1) throw BadInput("--steps", "must be >= 1, got " + std::to_string(args.steps));
   if (args.warmup < 0) throw BadInput("--warmup", "must be >= 0, got " + std::to_string(args.warmup));
   validate_config(cfg, args.config);
+  std::vector<int64_t> image;  // [C, H, W] for image data (conv models), else empty
   if (cfg.data().has_synthetic()) {
     features = cfg.data().synthetic().features();
     classes = cfg.data().synthetic().classes();
+    image.assign(cfg.data().synthetic().image_shape().begin(), cfg.data().synthetic().image_shape().end());
   } else {
     const DatasetPair real = load_datasets(cfg.data(), cfg.train().seed());
     features = real.train->feature_dim();
     classes = real.train->classes();
+    if (real.train->sample_shape().size() == 3) image = real.train->sample_shape();
   }
+  if (!image.empty()) features = image[0] * image[1] * image[2];
   SyntheticDatasetConfig* syn = cfg.mutable_data()->mutable_synthetic();
   syn->set_features(features);
+  syn->clear_image_shape();
+  for (int64_t d : image) syn->add_image_shape(d);
   syn->set_classes(classes);
   syn->set_train_samples(cfg.data().global_batch_size() * (args.steps + args.warmup));
   syn->set_test_samples(std::max<int64_t>(cfg.data().eval_batch_size(), 1));

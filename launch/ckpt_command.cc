@@ -214,6 +214,32 @@ int run_ckpt_export(const CkptArgs& args) {
       header[t.name()] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {pos, pos + bytes}}};
       pos += bytes;
     }
+    // Model buffers (BatchNorm running statistics) from the manifest, after the parameters, under their names;
+    // num_batches_tracked as PyTorch keeps it: an int64 scalar (shape []).
+    const int64_t buffer_limit = m.buffer_values_size();
+    std::vector<std::vector<unsigned char>> buffer_data;
+    for (const TensorIndexEntry& t : m.buffer_tensors()) {
+      const Shape shape = shape_of(t);
+      if (t.name().empty() || t.name() == "__metadata__" || !names.insert(t.name()).second)
+        throw BadInput(manifest_file, "buffer name '" + t.name() + "' is empty, reserved or repeated");
+      if (t.numel() < 0 || t.numel() != shape_numel(shape) || t.offset() < 0 || t.offset() > buffer_limit - t.numel())
+        throw BadInput(manifest_file, "buffer " + t.name() + " does not fit the manifest's buffer values");
+      const float* v = m.buffer_values().data() + t.offset();
+      std::vector<unsigned char> bytes;
+      const bool counter = t.name().size() >= 20 && t.name().ends_with(".num_batches_tracked") && t.numel() == 1;
+      if (counter) {
+        const int64_t n = static_cast<int64_t>(v[0]);
+        bytes.resize(sizeof n);
+        std::memcpy(bytes.data(), &n, sizeof n);
+        header[t.name()] = {{"dtype", "I64"}, {"shape", Shape{}}, {"data_offsets", {pos, pos + 8}}};
+      } else {
+        bytes.resize(static_cast<size_t>(t.numel()) * sizeof(float));
+        std::memcpy(bytes.data(), v, bytes.size());
+        header[t.name()] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {pos, pos + static_cast<int64_t>(bytes.size())}}};
+      }
+      pos += static_cast<int64_t>(bytes.size());
+      buffer_data.push_back(std::move(bytes));
+    }
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
     const uint64_t header_len = text.size();
@@ -224,6 +250,7 @@ int run_ckpt_export(const CkptArgs& args) {
     bool ok = write_all(f, &header_len, sizeof header_len) && write_all(f, text.data(), text.size());
     for (const TensorIndexEntry& t : m.tensors())
       ok = ok && write_all(f, master.data() + t.offset(), static_cast<size_t>(t.numel()) * sizeof(float));
+    for (const auto& b : buffer_data) ok = ok && write_all(f, b.data(), b.size());
     ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
     const std::string err = ok ? "" : std::strerror(errno);
     ok = (std::fclose(f) == 0) && ok;
@@ -237,8 +264,9 @@ int run_ckpt_export(const CkptArgs& args) {
       fs::remove(tmp, ec);
       throw Error(args.output + ": cannot rename " + tmp + " to it: " + why);
     }
-    std::cout << fmt::format("exported {} tensors ({} parameters, step {}) from {} to {} ({} bytes)\n",
-                             m.tensors_size(), pos / 4, m.step(), path, args.output, 8 + header_len + pos)
+    std::cout << fmt::format("exported {} tensors ({} parameters, {} buffers, step {}) from {} to {} ({} bytes)\n",
+                             m.tensors_size() + m.buffer_tensors_size(), m.numel(), m.buffer_tensors_size(),
+                             m.step(), path, args.output, 8 + header_len + pos)
               << std::flush;
     return 0;
   });
