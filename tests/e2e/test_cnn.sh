@@ -58,7 +58,9 @@ assert train[-1]["loss"] < 0.8 * train[0]["loss"], [r["loss"] for r in train]
 PY
 
 # ---- 2. resume is bitwise, running statistics included ------------------------------------------------------------
-common=("${cnn[@]}" --precision fp16 --set train.steps=12 --set checkpoint.every_steps=6)
+# A constant schedule: the first half (train.steps=6) then has the same learning rates as the whole run.
+common=("${cnn[@]}" --precision fp16 --set optimizer.schedule.kind=CONSTANT --set train.steps=12
+        --set checkpoint.every_steps=6)
 run 2 "$TMP/u.txt" "${common[@]}" --run-dir "$TMP/u" || not_ok "uninterrupted run" "exit $?: $(tail -2 "$TMP/u.txt")"
 run 2 "$TMP/h.txt" "${common[@]}" --set train.steps=6 --run-dir "$TMP/r" || not_ok "first half" "exit $?"
 run 2 "$TMP/r.txt" "${common[@]}" --run-dir "$TMP/r" --resume auto || not_ok "resume" "exit $?: $(tail -2 "$TMP/r.txt")"

@@ -24,6 +24,11 @@ std::string cnn_job(bool sync) {
 }
 
 std::vector<uint8_t> buffer_bytes(Trainer& t) { return testing::bytes(t.buffers()->values()); }
+uint64_t fnv1a(const std::vector<uint8_t>& b) {
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t c : b) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
 
 // Samples [first, first + n) of the dataset as one micro-batch.
 MicroBatch samples(const Dataset& d, int64_t first, int64_t n, float factor) {
@@ -70,7 +75,7 @@ void run_c13(bool sync) {
   EXPECT_EQ(bn.num_batches_tracked().value.item(0), 4.0f);
   EXPECT_TRUE(testing::all_finite(t->buffers()->values()));
   const std::vector<uint8_t> b5 = buffer_bytes(*t);
-  const uint64_t h5 = XXH3_64bits(b5.data(), b5.size());
+  const uint64_t h5 = fnv1a(b5);
   EXPECT_TRUE(testing::same_on_all_ranks(comm, h5)) << "running statistics differ across ranks";
   EXPECT_TRUE(testing::same_on_all_ranks(comm, t->master_hash()));
 
