@@ -116,8 +116,11 @@ int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
     // Model FLOPs per sample: 2 per weight in forward, 4 in backward (dx and dW), as in Kaplan et al. 2020's
     // 6N per token; biases and element-wise ops are left out.
     int64_t weights = 0;
-    for (const FlatEntry& p : trainer->masters().layout().entries())
+    bool convs = false;  // a convolution's FLOPs scale with its output size, which the weights do not say
+    for (const FlatEntry& p : trainer->masters().layout().entries()) {
       if (p.shape.size() == 2) weights += p.numel();
+      convs |= p.shape.size() == 4;
+    }
     const double flops_per_sample = 6.0 * static_cast<double>(weights);
     const double sps = static_cast<double>(samples) / seconds;
     std::cout << fmt::format("ampdist bench: {} | {} | world size {} | synthetic data, {} features, {} classes | "
@@ -137,8 +140,9 @@ int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
     const double other = step_ms - per * pt.total();
     std::cout << fmt::format("{:<20}{:>12.3f}{:>8.1f}%\n", "other (untimed)", other, 100.0 * other / step_ms);
     std::cout << fmt::format("{:<20}{:>12.3f}{:>8.1f}%\n", "step (wall)", step_ms, 100.0);
-    std::cout << fmt::format("model FLOPs: {:.3g} per sample (6 x {} weights); achieved {:.2f} GFLOP/s\n",
-                             flops_per_sample, weights, flops_per_sample * sps / 1e9);
+    std::cout << fmt::format("model FLOPs: {:.3g} per sample (6 x {} weights{}); achieved {:.2f} GFLOP/s\n",
+                             flops_per_sample, weights, convs ? " of the GEMMs; convolutions not counted" : "",
+                             flops_per_sample * sps / 1e9);
     std::cout << "model FLOP utilisation: n/a (CPU backend: no device peak to compare with)\n";
     std::string per_rank;
     uint64_t most = 0;
