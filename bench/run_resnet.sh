@@ -6,7 +6,7 @@
 # Prints images/s per row, the speed-up of each mixed precision over fp32 and ampdist / PyTorch per precision, and
 # writes bench/results/resnet18-<date>.json with the CPU, its bf16 flags and the load average at each row.
 # Numbers are measurements of this machine at its load, never assertions.
-#   bash bench/run_resnet.sh [BUILD_DIR] [STEPS] [WARMUP]
+#   bash bench/run_resnet.sh [BUILD_DIR] [STEPS] [WARMUP]     (env: BATCH, NPS="1 2" the rank counts, PYTHON)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -24,7 +24,7 @@ echo "CPU: $cpu ($nproc cores; $flags); ResNet-18 224x224, batch $batch, $steps 
 printf '%-8s %-6s %-5s %12s %8s\n' impl ranks prec 'images/s' load
 rows=()
 declare -A ips
-for np in 1 2; do
+for np in ${NPS:-1 2}; do
   threads=$(( nproc / np > 0 ? nproc / np : 1 ))
   for prec in fp32 fp16 bf16; do
     load=$(cut -d' ' -f1 /proc/loadavg)
@@ -58,7 +58,7 @@ for np in 1 2; do
 done
 echo
 ratio() { "$python" -c "import sys; a, b = sys.argv[1:]; print('n/a' if 'null' in (a, b) else f'{float(a) / float(b):.2f}x')" "$1" "$2"; }
-for np in 1 2; do
+for np in ${NPS:-1 2}; do
   for prec in fp16 bf16; do
     echo "ranks $np: ampdist $prec / fp32 $(ratio "${ips[ampdist_${np}_$prec]}" "${ips[ampdist_${np}_fp32]}"), pytorch $prec / fp32 $(ratio "${ips[torch_${np}_$prec]}" "${ips[torch_${np}_fp32]}")"
   done

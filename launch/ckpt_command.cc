@@ -130,6 +130,9 @@ int run_ckpt_inspect(const CkptArgs& args) {
                              sc.scale(), sc.growth_tracker(), sc.hysteresis_tracker(), sc.skipped_steps());
     std::cout << fmt::format("master weights hash: {}\n", hex16(m.master_xxh3()));
     std::cout << fmt::format("buffers: {} ({} elements each)\n", buffers, m.numel());
+    if (m.buffer_tensors_size() > 0)
+      std::cout << fmt::format("model buffers: {} tensors, {} values (BatchNorm running statistics, in the manifest)\n",
+                               m.buffer_tensors_size(), m.buffer_values_size());
 
     std::cout << fmt::format("tensors: {}\n", m.tensors_size());
     std::vector<std::vector<std::string>> rows{{"name", "shape", "numel", "offset"}};
