@@ -37,10 +37,11 @@ void check_numel(const Tensor& t, int64_t n, const char* op, const char* what) {
                 std::to_string(n));
 }
 
+// All int64: no padding bytes, so that memcmp and the hash see only the fields (also in the map's copies).
 struct ConvKey {
   ConvShape s;
-  int kind;  // 0 forward, 1 backward data, 2 backward weights
-  bool bias;
+  int64_t kind;  // 0 forward, 1 backward data, 2 backward weights
+  int64_t bias;
   bool operator==(const ConvKey& o) const { return std::memcmp(this, &o, sizeof(ConvKey)) == 0; }
 };
 struct ConvKeyHash {
@@ -112,7 +113,6 @@ void validate(const ConvShape& s) {
 
 ConvEntry& conv_entry(const ConvShape& s, int kind, bool bias) {
   ConvKey key;
-  std::memset(&key, 0, sizeof key);
   key.s = s;
   key.kind = kind;
   key.bias = bias;
