@@ -13,7 +13,7 @@ build=${1:-build}
 steps=${2:-3}
 warmup=${3:-1}
 batch=${BATCH:-32}
-python=${PYTHON:-python3}
+python=${PYTHON:-/usr/bin/python3}  # Debian's python3-torch and python3-torchvision
 export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -67,7 +67,8 @@ for np in ${NPS:-1 2}; do
   done
 done
 mkdir -p bench/results
-res="bench/results/resnet18-$(date +%F).json"
+nps=${NPS:-1 2}
+res="bench/results/resnet18-$(date +%F)-np${nps// /_}.json"
 {
   echo "{\"cpu\": \"$cpu\", \"flags\": \"$flags\", \"global_batch\": $batch, \"steps\": $steps, \"warmup\": $warmup, \"rows\": ["
   (IFS=,; echo "${rows[*]}")
