@@ -131,6 +131,9 @@ int run_ckpt_inspect(const CkptArgs& args) {
                              sc.scale(), sc.growth_tracker(), sc.hysteresis_tracker(), sc.skipped_steps());
     std::cout << fmt::format("master weights hash: {}\n", hex16(m.master_xxh3()));
     std::cout << fmt::format("buffers: {} ({} elements each)\n", buffers, m.numel());
+    if (m.buffer_tensors_size() > 0)
+      std::cout << fmt::format("model buffers: {} tensors, {} values (BatchNorm running statistics, in the manifest)\n",
+                               m.buffer_tensors_size(), m.buffer_values_size());
 
     std::cout << fmt::format("tensors: {}\n", m.tensors_size());
     std::vector<std::vector<std::string>> rows{{"name", "shape", "numel", "offset"}};
@@ -185,6 +188,8 @@ struct ExportTensor {
   std::vector<float> data;  // filled only for tensors that are not a plain range of the master buffer
   const float* src = nullptr;
   int64_t numel = 0;
+  std::string dtype = "F32";
+  std::vector<unsigned char> raw;  // the stored bytes of a tensor that is not FP32 (dtype), else empty
 };
 
 // Writes `tensors` as one safetensors file at `file` (via file.tmp, fsync, rename). Returns the bytes written.
@@ -194,8 +199,8 @@ int64_t write_safetensors(const std::string& file, const std::vector<ExportTenso
   header["__metadata__"] = metadata;
   int64_t pos = 0;  // bytes
   for (const ExportTensor& t : tensors) {
-    const int64_t bytes = t.numel * static_cast<int64_t>(sizeof(float));
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {pos, pos + bytes}}};
+    const int64_t bytes = t.raw.empty() ? t.numel * static_cast<int64_t>(sizeof(float)) : static_cast<int64_t>(t.raw.size());
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {pos, pos + bytes}}};
     pos += bytes;
   }
   std::string text = header.dump();
@@ -206,8 +211,12 @@ int64_t write_safetensors(const std::string& file, const std::vector<ExportTenso
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw BadInput(file, "cannot create " + tmp + ": " + std::strerror(errno));
   bool ok = write_all(f, &header_len, sizeof header_len) && write_all(f, text.data(), text.size());
-  for (const ExportTensor& t : tensors)
-    ok = ok && write_all(f, t.src ? t.src : t.data.data(), static_cast<size_t>(t.numel) * sizeof(float));
+  for (const ExportTensor& t : tensors) {
+    if (!t.raw.empty())
+      ok = ok && write_all(f, t.raw.data(), t.raw.size());
+    else
+      ok = ok && write_all(f, t.src ? t.src : t.data.data(), static_cast<size_t>(t.numel) * sizeof(float));
+  }
   ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   const std::string err = ok ? "" : std::strerror(errno);
   ok = (std::fclose(f) == 0) && ok;
@@ -294,11 +303,32 @@ int run_ckpt_export(const CkptArgs& args) {
       params += e.numel;
       out.push_back(std::move(e));
     }
+    // Model buffers (BatchNorm running statistics) from the manifest, after the parameters, under their names;
+    // num_batches_tracked as PyTorch keeps it: an int64 scalar (shape []).
+    const int64_t buffer_limit = m.buffer_values_size();
+    for (const TensorIndexEntry& t : m.buffer_tensors()) {
+      const Shape shape = shape_of(t);
+      if (t.name().empty() || t.name() == "__metadata__" || !names.insert(t.name()).second)
+        throw BadInput(manifest_file, "buffer name '" + t.name() + "' is empty, reserved or repeated");
+      if (t.numel() < 0 || t.numel() != shape_numel(shape) || t.offset() < 0 || t.offset() > buffer_limit - t.numel())
+        throw BadInput(manifest_file, "buffer " + t.name() + " does not fit the manifest's buffer values");
+      const float* v = m.buffer_values().data() + t.offset();
+      ExportTensor e{t.name(), shape, {}, v, t.numel()};
+      if (t.name().ends_with(".num_batches_tracked") && t.numel() == 1) {
+        const int64_t n = static_cast<int64_t>(v[0]);
+        e.shape = {};
+        e.dtype = "I64";
+        e.raw.resize(sizeof n);
+        std::memcpy(e.raw.data(), &n, sizeof n);
+        e.src = nullptr;
+      }
+      out.push_back(std::move(e));
+    }
     const nlohmann::ordered_json meta = {{"step", std::to_string(m.step())}, {"run_id", m.run_id()}, {"format", "pt"}};
     if (!hf) {
       const int64_t bytes = write_safetensors(args.output, out, meta);
-      std::cout << fmt::format("exported {} tensors ({} parameters, step {}) from {} to {} ({} bytes)\n",
-                               out.size(), params, m.step(), path, args.output, bytes)
+      std::cout << fmt::format("exported {} tensors ({} parameters, {} buffers, step {}) from {} to {} ({} bytes)\n",
+                               out.size(), params, m.buffer_tensors_size(), m.step(), path, args.output, bytes)
                 << std::flush;
       return 0;
     }

@@ -127,6 +127,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       }
     }
     device = resolve_device(cfg);
+    validate_for_device(cfg, device, source);
     if (device == Device::kCUDA) {
 #ifdef AMPDIST_HAVE_CUDA
       bind_device(comm.local_rank(), comm.local_size(), cfg.device().allow_sharing());

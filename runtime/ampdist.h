@@ -20,6 +20,8 @@
 #include "runtime/data/loader.h"
 #include "runtime/data/sampler.h"
 #include "runtime/kernels/kernels.h"
+#include "runtime/nn/cnn.h"
+#include "runtime/nn/conv.h"
 #include "runtime/nn/mlp.h"
 #include "runtime/nn/module.h"
 #include "runtime/optim/optimizer.h"

@@ -21,6 +21,7 @@ packages=(
   iproute2 docker-compose  # tests: network namespaces (ip netns), validating docker-compose.yml
   libboost-dev chromium  # the CRC-32C of TensorBoard event files (Boost.CRC); the report's screenshot test
   python3-torch  # bench/torch_mlp.py, the PyTorch reference of bench/run_all.sh
+  python3-torchvision  # tests/e2e/test_cnn.sh loads the ResNet-18 export into torchvision.models.resnet18 (0.14, matching torch 1.13)
   fortunes  # the GPT model's text corpus (/usr/share/games/fortunes)
   slurmctld slurmd slurm-client munge libpmix-dev  # tests/e2e/test_slurm_cluster.sh: a real two-node SLURM (pmix)
 )

@@ -24,6 +24,8 @@ constexpr Entry kTable[] = {
     {OpKind::kLog, "log", OpPrecision::kFP32},
     {OpKind::kEmbedding, "embedding", OpPrecision::kFP32},
     {OpKind::kAttention, "attention", OpPrecision::kWorking},
+    {OpKind::kConv2d, "conv2d", OpPrecision::kWorking},
+    {OpKind::kBatchNorm, "batch_norm", OpPrecision::kFP32},
 };
 const Entry& entry(OpKind op) {
   for (const Entry& e : kTable)

@@ -23,7 +23,7 @@
 namespace ampdist {
 
 enum class OpKind { kLinear, kReLU, kGELU, kSoftmax, kLogSoftmax, kCrossEntropy, kLayerNorm, kSum, kMean, kExp, kLog,
-                    kEmbedding, kAttention };
+                    kEmbedding, kAttention, kConv2d, kBatchNorm };
 
 enum class OpPrecision {
   kWorking,    // the run's working dtype
@@ -34,7 +34,7 @@ enum class OpPrecision {
 // The table's entry for `op`.
 OpPrecision autocast_rule(OpKind op);
 // "linear", "relu", "gelu", "softmax", "log_softmax", "cross_entropy", "layer_norm", "sum", "mean", "exp", "log",
-// "embedding", "attention".
+// "embedding", "attention", "conv2d", "batch_norm".
 const char* op_kind_name(OpKind op);
 // Inverse of op_kind_name; nullopt for an unknown name.
 std::optional<OpKind> parse_op_kind(const std::string& name);

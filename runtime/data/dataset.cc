@@ -269,14 +269,35 @@ DatasetPair load_datasets(const DataConfig& cfg, uint64_t seed) {
         throw BadInput("config", "data.synthetic.train_samples must be > 0, got " + std::to_string(c.train_samples()));
       if (c.test_samples() <= 0)
         throw BadInput("config", "data.synthetic.test_samples must be > 0, got " + std::to_string(c.test_samples()));
-      if (c.features() <= 0)
+      int64_t features = c.features();
+      if (c.image_shape_size() > 0) {
+        int64_t n = 1;
+        for (int64_t d : c.image_shape()) {
+          if (d <= 0 || d > (int64_t{1} << 16) || c.image_shape_size() != 3)
+            throw BadInput("config", "data.synthetic.image_shape must be [C, H, W] with sizes in [1, 65536]");
+          n *= d;
+        }
+        if (c.has_features() && c.features() != n)
+          throw BadInput("config", "data.synthetic.features (" + std::to_string(c.features()) +
+                                       ") differs from the product of data.synthetic.image_shape (" +
+                                       std::to_string(n) + ")");
+        features = n;
+      }
+      if (features <= 0)
         throw BadInput("config", "data.synthetic.features must be > 0, got " + std::to_string(c.features()));
       if (c.classes() < 2)
         throw BadInput("config", "data.synthetic.classes must be >= 2, got " + std::to_string(c.classes()));
       if (!(c.noise() >= 0.0f) || !std::isfinite(c.noise()))
         throw BadInput("config", "data.synthetic.noise must be finite and >= 0, got " + std::to_string(c.noise()));
-      p.train = std::make_shared<SyntheticDataset>(c.train_samples(), c.features(), c.classes(), c.noise(), seed, 0);
-      p.test = std::make_shared<SyntheticDataset>(c.test_samples(), c.features(), c.classes(), c.noise(), seed, 1);
+      auto train = std::make_shared<SyntheticDataset>(c.train_samples(), features, c.classes(), c.noise(), seed, 0);
+      auto test = std::make_shared<SyntheticDataset>(c.test_samples(), features, c.classes(), c.noise(), seed, 1);
+      if (c.image_shape_size() > 0) {
+        const std::vector<int64_t> chw(c.image_shape().begin(), c.image_shape().end());
+        train->set_image_shape(chw);
+        test->set_image_shape(chw);
+      }
+      p.train = train;
+      p.test = test;
       return p;
     }
     case DataConfig::kTokens:

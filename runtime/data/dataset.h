@@ -18,6 +18,9 @@ class Dataset {
   virtual int64_t size() const = 0;
   virtual int64_t feature_dim() const = 0;
   virtual int32_t classes() const = 0;
+  // The shape of one sample: {feature_dim()} for feature vectors, {C, H, W} for images (whose features are the
+  // image's pixels in C, H, W order, so that a batch [N, feature_dim()] is the image batch [N, C, H, W]).
+  virtual std::vector<int64_t> sample_shape() const { return {feature_dim()}; }
   // Writes sample `index` (0 <= index < size()) to features[0 .. feature_dim()) and *label.
   virtual void get(int64_t index, float* features, int32_t* label) const = 0;
 };
@@ -50,6 +53,7 @@ class IdxDataset : public Dataset {
   int64_t size() const override { return n_; }
   int64_t feature_dim() const override { return rows_ * cols_; }
   int32_t classes() const override { return 10; }
+  std::vector<int64_t> sample_shape() const override { return {1, rows_, cols_}; }  // [1, 28, 28]
   void get(int64_t index, float* features, int32_t* label) const override;
 
  private:
@@ -66,9 +70,13 @@ class SyntheticDataset : public Dataset {
   int64_t size() const override { return n_; }
   int64_t feature_dim() const override { return dim_; }
   int32_t classes() const override { return classes_; }
+  std::vector<int64_t> sample_shape() const override { return image_shape_.empty() ? std::vector<int64_t>{dim_} : image_shape_; }
+  // Images of this [C, H, W] shape (C * H * W must equal the feature count).
+  void set_image_shape(std::vector<int64_t> chw) { image_shape_ = std::move(chw); }
   void get(int64_t index, float* features, int32_t* label) const override;
 
  private:
+  std::vector<int64_t> image_shape_;
   int64_t n_, dim_;
   int32_t classes_;
   float noise_;

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "runtime/core/device.h"
 #include "runtime/kernels/device_ops.h"
@@ -45,6 +47,33 @@ void initialize_parameters(std::span<Parameter* const> params, MasterWeights& ma
   });
 }
 
+// ---- buffers ----------------------------------------------------------------------------------------------------
+
+void Buffer::allocate() {
+  value = Tensor::empty(shape, DType::kFloat32);
+  staged = Tensor::empty(shape, DType::kFloat32);
+  std::fill(value.data_as<float>(), value.data_as<float>() + value.numel(), init);
+  std::fill(staged.data_as<float>(), staged.data_as<float>() + staged.numel(), init);
+}
+
+ModelBuffers::ModelBuffers(std::span<Buffer* const> buffers) {
+  for (Buffer* b : buffers) b->offset = layout_[layout_.add(b->name, b->shape)].offset;
+  committed_ = Tensor::zeros({layout_.numel()}, DType::kFloat32);
+  staged_ = Tensor::zeros({layout_.numel()}, DType::kFloat32);
+  for (Buffer* b : buffers) {
+    float* c = committed_.data_as<float>() + b->offset;
+    float* s = staged_.data_as<float>() + b->offset;
+    if (b->value.data()) std::memcpy(c, b->value.data(), static_cast<size_t>(b->numel()) * sizeof(float));
+    else std::fill(c, c + b->numel(), b->init);
+    std::memcpy(s, c, static_cast<size_t>(b->numel()) * sizeof(float));
+    b->value = Tensor::view(c, b->shape, DType::kFloat32);
+    b->staged = Tensor::view(s, b->shape, DType::kFloat32);
+  }
+}
+
+void ModelBuffers::begin_step() { std::memcpy(staged_.data(), committed_.data(), committed_.nbytes()); }
+void ModelBuffers::commit() { std::memcpy(committed_.data(), staged_.data(), committed_.nbytes()); }
+
 namespace {
 // Returns x in `dtype`, casting into `buffer` when it differs (autocast at an op boundary).
 const Tensor& in_dtype(const Tensor& x, DType dtype, Tensor& buffer) {
@@ -65,6 +94,14 @@ Module& Sequential::add(std::unique_ptr<Module> m) {
 
 void Sequential::collect_parameters(std::vector<Parameter*>& out) {
   for (auto& l : layers_) l->collect_parameters(out);
+}
+
+void Sequential::collect_buffers(std::vector<Buffer*>& out) {
+  for (auto& l : layers_) l->collect_buffers(out);
+}
+
+void Sequential::set_mode(bool training, int64_t step) {
+  for (auto& l : layers_) l->set_mode(training, step);
 }
 
 const Tensor& Sequential::forward(const Tensor& x) {

@@ -63,6 +63,44 @@ std::unique_ptr<MasterWeights> bind_parameters(std::span<Parameter* const> param
 // Fills the master weights of bound parameters from their init rules again (as bind_parameters does).
 void initialize_parameters(std::span<Parameter* const> params, MasterWeights& masters, uint64_t seed);
 
+// A model buffer: state a layer keeps that is neither a parameter nor an activation (BatchNorm's running_mean,
+// running_var, num_batches_tracked). Not optimized and without a gradient; FP32 whatever the working dtype; part of
+// the checkpoint, the cross-rank weights hash and the export. Two copies: `value`, the committed state that
+// evaluation reads and checkpoints save, and `staged`, which a training forward updates; the trainer starts every
+// step with staged = value and commits staged -> value only when the step is applied (a skipped step, whose forward
+// may have produced inf or NaN, leaves value bitwise unchanged).
+struct Buffer {
+  std::string name;  // "bn1.running_mean"
+  Shape shape;
+  float init = 0.0f;  // every element's initial value (running_var: 1)
+  // Set by the layer (its own storage) and re-pointed by ModelBuffers::bind into the flat buffers:
+  Tensor value, staged;
+  int64_t offset = -1;  // element offset in ModelBuffers' flat space
+  int64_t numel() const { return shape_numel(shape); }
+  // Allocates the layer's own storage filled with `init` (a layer used without a ModelBuffers).
+  void allocate();
+};
+
+// Every buffer of a model in two flat FP32 host buffers (committed and staged), laid out back to back in
+// registration order: one copy per step start, one per commit, one broadcast to keep ranks identical. CPU memory.
+class ModelBuffers {
+ public:
+  // Re-points every buffer's value and staged into the flat buffers, keeping their current values.
+  explicit ModelBuffers(std::span<Buffer* const> buffers);
+  const FlatLayout& layout() const { return layout_; }
+  int64_t numel() const { return layout_.numel(); }
+  Tensor& values() { return committed_; }
+  const Tensor& values() const { return committed_; }
+  // staged = committed (the start of a training step).
+  void begin_step();
+  // committed = staged (an applied step).
+  void commit();
+
+ private:
+  FlatLayout layout_;
+  Tensor committed_, staged_;
+};
+
 // What backward() needs to know beyond dy.
 struct GradContext {
   // false on the first micro-batch of a step: parameter gradients are written (beta = 0), not added.
@@ -84,6 +122,8 @@ class Module {
 
   // Appends this module's parameters (and its children's) in a fixed order.
   virtual void collect_parameters(std::vector<Parameter*>& out) {}
+  // Appends this module's buffers (and its children's) in a fixed order.
+  virtual void collect_buffers(std::vector<Buffer*>& out) {}
   // x: [B, in] of any dtype. Returns the output [B, out], owned by the module and valid until the next forward.
   virtual const Tensor& forward(const Tensor& x) = 0;
   // dy: gradient of the last forward's output, [B, out]. Writes or adds (ctx.accumulate) parameter gradients,
@@ -110,8 +150,10 @@ class Sequential : public Module {
   Module& at(size_t i) { return *layers_.at(i); }
 
   void collect_parameters(std::vector<Parameter*>& out) override;
+  void collect_buffers(std::vector<Buffer*>& out) override;
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  void set_mode(bool training, int64_t step) override;
 
   // Called after each layer's forward with (layer index, the layer, its output), for observability: the numerics
   // report reads the output, a fault drill may write one element of it. Empty (the default) costs one test per

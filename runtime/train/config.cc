@@ -238,6 +238,13 @@ void check_strings(const pb::Message& m, const std::string& prefix, const std::s
 
 }  // namespace
 
+void validate_for_device(const RunConfig& cfg, Device device, const std::string& source) {
+  if (device == Device::kCUDA && (cfg.model().has_cnn() || cfg.model().has_resnet()))
+    throw BadInput(source, std::string("model.") + (cfg.model().has_cnn() ? "cnn" : "resnet") +
+                               ": convolutional models run on the CPU backend only (no GPU convolution kernels yet); "
+                               "use --device cpu");
+}
+
 void validate_config(const RunConfig& cfg, const std::string& source) {
   check_strings(cfg, "", source);
   auto fail = [&](const std::string& field, const std::string& rule, const std::string& got) {
@@ -257,14 +264,31 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
                          cfg.name() == ".."))
     fail("name", "must be a plain name (it names the run directory runs/<name>)", "\"" + cfg.name() + "\"");
 
+  const DataConfig& d = cfg.data();
   // model
   if (!cfg.has_model() || cfg.model().kind_case() == ModelConfig::KIND_NOT_SET)
-    throw BadInput(source, "model: set mlp { ... } or gpt { ... }");
+    throw BadInput(source, "model: set mlp { ... }, gpt { ... }, cnn { ... } or resnet { ... }");
+  const bool conv_model = cfg.model().has_cnn() || cfg.model().has_resnet();
+  if (conv_model && d.kind_case() != DataConfig::kIdx &&
+      !(d.has_synthetic() && d.synthetic().image_shape_size() == 3))
+    fail("data", std::string("model.") + (cfg.model().has_cnn() ? "cnn" : "resnet") +
+                     " needs images: idx { ... } or synthetic { image_shape: [C, H, W] }",
+         d.has_synthetic() ? "synthetic feature vectors" : "token data");
+  if (cfg.model().has_cnn() && cfg.model().cnn().conv_size() == 0)
+    fail("model.cnn.conv", "must list at least one convolution", "none");
+  for (int i = 0; i < cfg.model().cnn().conv_size(); ++i)
+    positive("model.cnn.conv[" + std::to_string(i) + "].channels",
+             static_cast<double>(cfg.model().cnn().conv(i).channels()));
+  if (cfg.model().has_resnet() && cfg.model().resnet().depth() != 18 && cfg.model().resnet().depth() != 34)
+    fail("model.resnet.depth", "must be 18 or 34", str(cfg.model().resnet().depth()));
+  if (cfg.model().has_resnet() && cfg.model().resnet().stem() == RESNET_STEM_UNSPECIFIED)
+    fail("model.resnet.stem", "must be IMAGENET or SMALL", "RESNET_STEM_UNSPECIFIED");
+  if (cfg.model().sync_batchnorm() && !conv_model)
+    fail("model.sync_batchnorm", "applies to cnn { ... } and resnet { ... } models only", "true");
   for (int i = 0; i < cfg.model().mlp().hidden_size(); ++i)
     positive("model.mlp.hidden[" + std::to_string(i) + "]", static_cast<double>(cfg.model().mlp().hidden(i)));
 
   // data
-  const DataConfig& d = cfg.data();
   if (d.kind_case() == DataConfig::KIND_NOT_SET) throw BadInput(source, "data: set idx { ... } or synthetic { ... }");
   positive("data.global_batch_size", static_cast<double>(d.global_batch_size()));
   positive("data.prefetch_steps", d.prefetch_steps());

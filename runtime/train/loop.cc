@@ -189,7 +189,8 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
   // copy (the all-gathered result of every slice).
   const bool sharded = trainer.sharded();
   const std::vector<uint64_t> hashes =
-      comm.allgather_u64(sharded ? trainer.masters().working_hash() : s.master_hash, "master weights hash gather");
+      comm.allgather_u64(sharded ? trainer.with_buffers_hash(trainer.masters().working_hash()) : s.master_hash,
+                         "master weights hash gather");
   for (size_t r = 0; r < hashes.size(); ++r) {
     if (hashes[r] != hashes[0])
       throw Error(std::string(sharded ? "working copies" : "master weights") + " differ across ranks: rank 0 has " +

@@ -5,6 +5,7 @@
 #include "runtime/checkpoint/pretrained.h"
 #include "runtime/core/device.h"
 #include "runtime/data/token_data.h"
+#include "runtime/nn/cnn.h"
 #include "runtime/nn/gpt.h"
 #include "runtime/nn/mlp.h"
 #include "runtime/train/config.h"
@@ -48,6 +49,18 @@ std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) 
     return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), data.train, data.test);
   }
   DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
+  if (cfg.model().has_cnn() || cfg.model().has_resnet()) {
+    validate_for_device(cfg, dev, "config");
+    BatchNorm2d::AllReduce sync;
+    if (cfg.model().sync_batchnorm())
+      sync = [&comm](std::span<double> v) { comm.allreduce_f64(v, ReduceOp::kSum, "sync batchnorm all-reduce"); };
+    const std::vector<int64_t> image = data.train->sample_shape();
+    auto model = cfg.model().has_cnn()
+                     ? build_cnn(cfg.model().cnn(), image, data.train->classes(), autocast, sync)
+                     : build_resnet(cfg.model().resnet(), image, data.train->classes(), autocast, sync);
+    return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
+                                     data.test);
+  }
   auto model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
   return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
                                    data.test);

@@ -30,6 +30,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   if (numerics_) numerics_->begin_step();
 
   state_->begin_step();  // found_inf = 0, sum_sq = 0, the unscale factor 1/S
+  if (buffers_) buffers_->begin_step();  // the forward updates the staged copy only
   phase_begin(Phase::kForward);
   masters_->cast_to_working();
   // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
@@ -90,9 +91,11 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   optimizer_->step(masters_->master(), grads, &st->gate);  // a no-op on a skipped step
   // Sharded state all-gathers the updated working copy, and not on a skipped step, so the host needs the agreed flag
   // here (a 4-byte read; the numerics report needs it too).
-  const bool per_step_flag = sharded() || numerics_ != nullptr;
+  // Model buffers are committed only by an applied step: the host reads the agreed flag for them too.
+  const bool per_step_flag = sharded() || numerics_ != nullptr || buffers_ != nullptr;
   const bool skipped_here = per_step_flag && agreed_found_inf();
   if (sharded() && !skipped_here) publish();
+  if (buffers_ && !skipped_here) commit_buffers();
   phase_end(Phase::kOptimizer);
   if (timer_) timer_->end_step();
 
@@ -161,6 +164,16 @@ void Trainer::publish() {
     comm_.allgather_inplace_async(masters_->fp32_copy().data(), masters_->fp32_counts(), DType::kFloat32,
                                   "FP32 copy all-gather")
         ->wait();
+}
+
+void Trainer::commit_buffers() {
+  buffers_->commit();
+  if (comm_.world_size() == 1) return;
+  // Rank 0's buffers to every rank (an all-gather to which only rank 0 contributes): with per-rank batch statistics
+  // each rank's running statistics differ, and DDP keeps rank 0's.
+  std::vector<int64_t> counts(static_cast<size_t>(comm_.world_size()), 0);
+  counts[0] = buffers_->numel();
+  comm_.allgather_inplace_async(buffers_->values().data(), counts, DType::kFloat32, "model buffers broadcast")->wait();
 }
 
 bool Trainer::agreed_found_inf() {

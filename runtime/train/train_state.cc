@@ -61,14 +61,19 @@ template <typename F> void Trainer::for_each_master_chunk(F&& fn) {
   }
 }
 
+uint64_t Trainer::with_buffers_hash(uint64_t seed) const {
+  if (!buffers_) return seed;
+  return XXH3_64bits_withSeed(buffers_->values().data(), buffers_->values().nbytes(), seed);
+}
+
 uint64_t Trainer::master_hash() {
-  if (!sharded()) return masters_->hash();
+  if (!sharded()) return with_buffers_hash(masters_->hash());
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   for_each_master_chunk([&](const float* p, int64_t n) { XXH3_64bits_update(h, p, n * sizeof(float)); });
   const uint64_t out = XXH3_64bits_digest(h);
   XXH3_freeState(h);
-  return out;
+  return with_buffers_hash(out);
 }
 
 std::vector<float> Trainer::gather_master() {
@@ -126,6 +131,18 @@ CheckpointState Trainer::checkpoint_state() {
     t->set_offset(e.offset);
     t->set_numel(e.numel());
   }
+  // Model buffers (BatchNorm running statistics: small, replicated) travel in the manifest, whose XXH3 covers them.
+  if (buffers_) {
+    for (const FlatEntry& e : buffers_->layout().entries()) {
+      TensorIndexEntry* t = m.add_buffer_tensors();
+      t->set_name(e.name);
+      for (int64_t d : e.shape) t->add_shape(d);
+      t->set_offset(e.offset);
+      t->set_numel(e.numel());
+    }
+    const float* v = buffers_->values().data_as<float>();
+    m.mutable_buffer_values()->Add(v, v + buffers_->numel());
+  }
   m.set_master_xxh3(master_hash());
   s.numel = masters_->numel();
   s.begin = masters_->slice_begin();  // 0 when replicated: the tensors are then the whole buffers
@@ -147,6 +164,22 @@ CheckpointState Trainer::checkpoint_state() {
 }
 
 std::string Trainer::restore(const Manifest& m) {
+  // The model buffers first: a mismatch is refused before any of this trainer's state changes (every rank reads the
+  // same manifest, so every rank refuses alike).
+  const int64_t want = buffers_ ? buffers_->numel() : 0;
+  bool same = m.buffer_values_size() == want && m.buffer_tensors_size() == (buffers_ ? static_cast<int>(buffers_->layout().entries().size()) : 0);
+  for (int i = 0; same && i < m.buffer_tensors_size(); ++i) {
+    const FlatEntry& e = buffers_->layout().entries()[static_cast<size_t>(i)];
+    const TensorIndexEntry& t = m.buffer_tensors(i);
+    same = t.name() == e.name && t.offset() == e.offset && Shape(t.shape().begin(), t.shape().end()) == e.shape;
+  }
+  if (!same)
+    throw Error("checkpoint: its model buffers (" + std::to_string(m.buffer_tensors_size()) + " tensors, " +
+                    std::to_string(m.buffer_values_size()) + " values) differ from this model's (" +
+                    std::to_string(buffers_ ? buffers_->layout().entries().size() : 0) + " tensors, " +
+                    std::to_string(want) + " values)",
+                ErrorKind::kBadInput);
+  if (buffers_) std::copy(m.buffer_values().begin(), m.buffer_values().end(), buffers_->values().data_as<float>());
   iteration_ = m.step();
   LossScalerState st;
   st.scale = m.scaler().scale();

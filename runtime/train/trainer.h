@@ -129,6 +129,13 @@ class Trainer {
   uint64_t master_hash();
   // The whole FP32 master buffer on the host (collective when sharded; for tests and tools).
   std::vector<float> gather_master();
+  // The model's buffers (BatchNorm running statistics), FP32 on the host, the same on every rank; null when the
+  // model has none. They are committed only by applied steps and then broadcast from rank 0 (DDP's
+  // broadcast_buffers), saved in the checkpoint's manifest, and folded into master_hash().
+  ModelBuffers* buffers() { return buffers_.get(); }
+  // `seed` when the model has no buffers, else XXH3-64 of the buffers' bytes seeded with it: master_hash() and the
+  // end-of-run cross-rank check fold the buffers in this way.
+  uint64_t with_buffers_hash(uint64_t seed) const;
 
   Module& model() { return *model_; }
   MasterWeights& masters() { return *masters_; }
@@ -158,6 +165,8 @@ class Trainer {
   // gets the same bits), and the all-gather of the updated working copy.
   void reduce_slice_sums();
   void publish();
+  // An applied step: the staged buffers become the committed ones, then rank 0's are broadcast.
+  void commit_buffers();
   // Calls fn(values, count) for the whole master buffer in order, in chunks (collective when sharded).
   template <typename F> void for_each_master_chunk(F&& fn);
   // ---- train_state.cc
@@ -177,6 +186,8 @@ class Trainer {
   std::unique_ptr<Criterion> criterion_;
   std::shared_ptr<const Dataset> train_, test_;
   std::vector<Parameter*> params_;
+  std::vector<Buffer*> buffer_list_;
+  std::unique_ptr<ModelBuffers> buffers_;
   std::unique_ptr<MasterWeights> masters_;
   LossScaler scaler_;
   std::unique_ptr<Reducer> reducer_;

@@ -206,3 +206,50 @@ TEST(Config, ResolveDtype) {
 
 }  // namespace
 }  // namespace ampdist
+
+namespace ampdist {
+namespace {
+
+TEST(Config, ShippedConvConfigsParseAndValidate) {
+  const auto dir = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
+  for (const char* name : {"fashion_mnist_cnn.pbtxt", "resnet18.pbtxt"}) {
+    const RunConfig cfg = parse_config_file((dir / name).string());
+    EXPECT_NO_THROW(validate_config(cfg, name)) << name;
+    EXPECT_NO_THROW(validate_for_device(cfg, Device::kCPU, name)) << name;
+    EXPECT_TRUE(cfg.model().has_cnn() || cfg.model().has_resnet()) << name;
+  }
+  const RunConfig r = parse_config_file((dir / "resnet18.pbtxt").string());
+  EXPECT_EQ(r.model().resnet().depth(), 18);
+  EXPECT_EQ(r.model().resnet().stem(), SMALL);
+}
+
+TEST(Config, ConvModelsRefuseWhatTheyCannotRunNamingTheField) {
+  const std::string base = R"(
+    model { cnn { conv { channels: 4 } } }
+    data { synthetic { image_shape: [1, 8, 8] } }
+  )";
+  struct Case {
+    std::string field, text;
+  };
+  const std::vector<Case> cases = {
+      {"data", "model { cnn { conv { channels: 4 } } } data { synthetic { features: 64 } }"},
+      {"model.cnn.conv", "model { cnn { } } data { synthetic { image_shape: [1, 8, 8] } }"},
+      {"model.cnn.conv[0].channels", "model { cnn { conv { } } } data { synthetic { image_shape: [1, 8, 8] } }"},
+      {"model.resnet.depth", "model { resnet { depth: 50 } } data { synthetic { image_shape: [3, 32, 32] } }"},
+      {"model.sync_batchnorm", "model { mlp { } sync_batchnorm: true } data { synthetic { } }"},
+  };
+  for (const Case& c : cases) {
+    const RunConfig cfg = parse_config_text(c.text, "c.pbtxt");
+    const std::string msg = bad_input_message([&] { validate_config(cfg, "c.pbtxt"); });
+    EXPECT_TRUE(contains(msg, c.field)) << "expected '" << c.field << "' in: " << msg;
+  }
+  // The GPU backend has no convolution kernels: one line naming the model, before anything runs.
+  const RunConfig cfg = parse_config_text(base, "c.pbtxt");
+  EXPECT_NO_THROW(validate_config(cfg, "c.pbtxt"));
+  const std::string msg = bad_input_message([&] { validate_for_device(cfg, Device::kCUDA, "c.pbtxt"); });
+  EXPECT_TRUE(contains(msg, "model.cnn: convolutional models run on the CPU backend only")) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace ampdist

@@ -1,0 +1,72 @@
+// The convolutional-network op families on the CPU: 2-d convolution (oneDNN's convolution primitives), BatchNorm
+// statistics and normalisation, max and average pooling. Every tensor is FP32 and NCHW (row-major [N, C, H, W]);
+// the layers in runtime/nn/conv.h cast at their boundaries (autocast). Only the CPU backend implements them: a
+// tensor on the GPU is an Error here, and config validation refuses CNN models on the GPU backend before that.
+//
+// Output sizes follow torch.nn.Conv2d / MaxPool2d (floor mode):
+//   out = (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1.
+// Every function throws ampdist::Error naming the op on a shape, dtype or device mismatch.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "runtime/core/tensor.h"
+
+namespace ampdist::kernels {
+
+// ---- convolution -----------------------------------------------------------------------------------------------
+struct ConvShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input
+  int64_t k = 0;                       // output channels
+  int64_t kh = 1, kw = 1;              // kernel
+  int64_t stride = 1, pad = 0, dilation = 1, groups = 1;
+  int64_t out_h() const { return (h + 2 * pad - dilation * (kh - 1) - 1) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - dilation * (kw - 1) - 1) / stride + 1; }
+};
+// y [N, K, OH, OW] = conv(x [N, C, H, W], w [K, C/groups, kh, kw]) (+ bias [K]), cross-correlation as PyTorch.
+// oneDNN's convolution_forward, FP32 arithmetic (accumulation in FP32). bias: null for none.
+void conv2d_forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+// dx [N, C, H, W] = d/dx of the convolution for dy [N, K, OH, OW] (oneDNN's convolution_backward_data).
+void conv2d_backward_data(const ConvShape& s, const Tensor& dy, const Tensor& w, Tensor& dx);
+// dw [K, C/groups, kh, kw] and dbias [K] (null: none) from x and dy (oneDNN's convolution_backward_weights), FP32;
+// added to dw / dbias when accumulate (a later micro-batch of the step), else written.
+void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor* dbias,
+                             bool accumulate);
+// The oneDNN implementation chosen for a forward convolution of this shape (e.g. "gemm:jit", "jit:avx2").
+std::string conv2d_implementation(const ConvShape& s);
+
+// ---- BatchNorm (Ioffe & Szegedy 2015), all FP32, statistics accumulated in double --------------------------------
+// Per channel c of x [N, C, H, W]: sums[c] = sum of x, sums[C + c] = sum of x^2 over N, H, W (2C doubles, so that a
+// synchronised BatchNorm can all-reduce them before the statistics are formed).
+void batchnorm_sums(const Tensor& x, std::span<double> sums);
+// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c]. mean, invstd, gamma, beta: [C] FP32.
+void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
+                     const Tensor& beta, Tensor& y);
+// Per channel: sums[c] = sum dy, sums[C + c] = sum dy * (x - mean) * invstd (double), the two reductions of the
+// backward (all-reduced in sync mode).
+void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                             std::span<double> sums);
+// dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count), from the (global) sums and the (global)
+// element count per channel. Training mode; in evaluation mode the statistics are constants and dx = gamma * invstd
+// * dy (count = 0 selects that).
+void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                           const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx);
+
+// ---- pooling ---------------------------------------------------------------------------------------------------
+struct PoolShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kernel = 2, stride = 2, pad = 0;
+  int64_t out_h() const { return (h + 2 * pad - kernel) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - kernel) / stride + 1; }
+};
+// y [N, C, OH, OW] = max over each window (padding is -inf, as PyTorch); argmax [N*C*OH*OW] int32 (the flat
+// index inside the [H, W] plane), saved for the backward. A NaN in a window is the window's maximum (PyTorch).
+void maxpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y, std::span<int32_t> argmax);
+// dx = scatter-add of dy to the saved argmax positions (dx is written whole).
+void maxpool2d_backward(const PoolShape& s, const Tensor& dy, std::span<const int32_t> argmax, Tensor& dx);
+// Average over each window, padding counted (count_include_pad = True, PyTorch's default).
+void avgpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y);
+void avgpool2d_backward(const PoolShape& s, const Tensor& dy, Tensor& dx);
+
+}  // namespace ampdist::kernels

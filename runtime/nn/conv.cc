@@ -1,0 +1,421 @@
+#include "runtime/nn/conv.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/transformer.h"
+
+namespace ampdist {
+namespace {
+
+// x in `dtype`, cast into `buffer` when it differs.
+const Tensor& in_dtype(const Tensor& x, DType dtype, Tensor& buffer) {
+  if (x.dtype() == dtype) return x;
+  buffer.ensure(x.shape(), dtype, x.device());
+  kernels::cast(x, buffer);
+  return buffer;
+}
+// x rounded to `low` and then held in FP32 (exact): the values a `low` op multiplies. FP32 x passes through when low
+// is FP32.
+const Tensor& rounded_f32(const Tensor& x, DType low, Tensor& low_buf, Tensor& f32_buf) {
+  const Tensor& l = in_dtype(x, low, low_buf);
+  return in_dtype(l, DType::kFloat32, f32_buf);
+}
+void check_cpu(const Tensor& x, const std::string& layer) {
+  if (x.device() != Device::kCPU)
+    throw Error(layer + ": convolutional layers run on the CPU backend only (got a GPU tensor)");
+}
+const Tensor kNone;
+
+}  // namespace
+
+// ---- Conv2d ------------------------------------------------------------------------------------------------------
+
+Conv2d::Conv2d(std::string name, const Options& o, const Autocast& autocast) : Module(std::move(name)), o_(o) {
+  if (o.in <= 0 || o.out <= 0 || o.kernel <= 0 || o.stride <= 0 || o.padding < 0 || o.dilation <= 0 ||
+      o.groups <= 0 || o.in % o.groups != 0 || o.out % o.groups != 0)
+    throw Error("Conv2d " + this->name() + ": in=" + std::to_string(o.in) + " out=" + std::to_string(o.out) +
+                    " kernel=" + std::to_string(o.kernel) + " stride=" + std::to_string(o.stride) +
+                    " padding=" + std::to_string(o.padding) + " dilation=" + std::to_string(o.dilation) +
+                    " groups=" + std::to_string(o.groups) +
+                    ": sizes must be positive (padding >= 0) and groups must divide in and out",
+                ErrorKind::kBadInput);
+  dtype_ = autocast.compute_dtype(OpKind::kConv2d, this->name(), autocast.working());
+  const int64_t fan_in = o.in / o.groups * o.kernel * o.kernel;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+  weight_.name = this->name() + ".weight";
+  weight_.shape = {o.out, o.in / o.groups, o.kernel, o.kernel};
+  weight_.init_bound = o.init_bound > 0 ? o.init_bound : bound;
+  bias_.name = this->name() + ".bias";
+  bias_.shape = {o.out};
+  bias_.init_bound = bound;
+  weight_.reads_fp32 = bias_.reads_fp32 = dtype_ == DType::kFloat32;
+}
+
+void Conv2d::collect_parameters(std::vector<Parameter*>& out) {
+  out.push_back(&weight_);
+  if (o_.bias) out.push_back(&bias_);
+}
+
+const Tensor& Conv2d::forward(const Tensor& x) {
+  check_cpu(x, "Conv2d " + name());
+  if (x.ndim() != 4 || x.dim(1) != o_.in)
+    throw Error("Conv2d " + name() + ": input " + shape_str(x.shape()) + ", expected [N, " + std::to_string(o_.in) +
+                ", H, W]");
+  shape_ = {x.dim(0), o_.in, x.dim(2), x.dim(3), o_.out, o_.kernel, o_.kernel, o_.stride, o_.padding, o_.dilation,
+            o_.groups};
+  if (shape_.out_h() <= 0 || shape_.out_w() <= 0)
+    throw Error("Conv2d " + name() + ": input " + shape_str(x.shape()) + " is smaller than its dilated kernel");
+  // Saved for the weight gradient: the input itself when it was already FP32, else the cast buffer.
+  x_saved_ = rounded_f32(x, dtype_, x_low_, x32_);
+  const Tensor& x32 = x_saved_;
+  w_saved_ = in_dtype(weight_.weights_for(dtype_), DType::kFloat32, w32_);
+  const Tensor& w32 = w_saved_;
+  const Tensor* b32 = o_.bias ? &in_dtype(bias_.weights_for(dtype_), DType::kFloat32, b32_) : nullptr;
+  const Shape out{shape_.n, o_.out, shape_.out_h(), shape_.out_w()};
+  if (dtype_ == DType::kFloat32) {
+    y_.ensure(out, DType::kFloat32);
+    kernels::conv2d_forward(shape_, x32, w32, b32, y_);
+    return y_;
+  }
+  y32_.ensure(out, DType::kFloat32);
+  kernels::conv2d_forward(shape_, x32, w32, b32, y32_);
+  y_.ensure(out, dtype_);
+  kernels::cast(y32_, y_);  // one rounding of the FP32 result
+  return y_;
+}
+
+const Tensor& Conv2d::backward(const Tensor& dy_in, GradContext& ctx) {
+  const Tensor& dy32 = rounded_f32(dy_in, dtype_, dy_low_, dy32_);
+  kernels::conv2d_backward_weights(shape_, x_saved_, dy32, weight_.grad, o_.bias ? &bias_.grad : nullptr,
+                                   ctx.accumulate);
+  if (ctx.on_grad_ready) {
+    ctx.on_grad_ready(weight_);
+    if (o_.bias) ctx.on_grad_ready(bias_);
+  }
+  if (!ctx.need_input_grad) return kNone;
+  const Shape in{shape_.n, shape_.c, shape_.h, shape_.w};
+  if (dtype_ == DType::kFloat32) {
+    dx_.ensure(in, DType::kFloat32);
+    kernels::conv2d_backward_data(shape_, dy32, w_saved_, dx_);
+    return dx_;
+  }
+  dx32_.ensure(in, DType::kFloat32);
+  kernels::conv2d_backward_data(shape_, dy32, w_saved_, dx32_);
+  dx_.ensure(in, dtype_);
+  kernels::cast(dx32_, dx_);
+  return dx_;
+}
+
+// ---- BatchNorm2d -------------------------------------------------------------------------------------------------
+
+BatchNorm2d::BatchNorm2d(std::string name, int64_t channels, AllReduce allreduce_sum, float eps, float momentum)
+    : Module(std::move(name)), channels_(channels), eps_(eps), momentum_(momentum), allreduce_(std::move(allreduce_sum)) {
+  if (channels <= 0 || !(eps > 0) || !(momentum >= 0 && momentum <= 1))
+    throw Error("BatchNorm2d " + this->name() + ": channels must be positive, eps > 0 and momentum in [0, 1]",
+                ErrorKind::kBadInput);
+  weight_.name = this->name() + ".weight";
+  weight_.shape = {channels};
+  weight_.init = ParamInit::kOnes;
+  bias_.name = this->name() + ".bias";
+  bias_.shape = {channels};
+  bias_.init = ParamInit::kZeros;
+  weight_.reads_fp32 = bias_.reads_fp32 = true;  // the op is FP32 whatever the working dtype
+  running_mean_.name = this->name() + ".running_mean";
+  running_mean_.shape = {channels};
+  running_mean_.init = 0.0f;
+  running_var_.name = this->name() + ".running_var";
+  running_var_.shape = {channels};
+  running_var_.init = 1.0f;
+  tracked_.name = this->name() + ".num_batches_tracked";
+  tracked_.shape = {1};
+  tracked_.init = 0.0f;
+  for (Buffer* b : {&running_mean_, &running_var_, &tracked_}) b->allocate();
+  sums_.resize(static_cast<size_t>(2 * channels + 1));
+}
+
+void BatchNorm2d::collect_parameters(std::vector<Parameter*>& out) {
+  out.push_back(&weight_);
+  out.push_back(&bias_);
+}
+
+void BatchNorm2d::collect_buffers(std::vector<Buffer*>& out) {
+  out.push_back(&running_mean_);
+  out.push_back(&running_var_);
+  out.push_back(&tracked_);
+}
+
+const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
+  check_cpu(x_in, "BatchNorm2d " + name());
+  if (x_in.ndim() != 4 || x_in.dim(1) != channels_)
+    throw Error("BatchNorm2d " + name() + ": input " + shape_str(x_in.shape()) + ", expected [N, " +
+                std::to_string(channels_) + ", H, W]");
+  x_saved_ = in_dtype(x_in, DType::kFloat32, x_cast_);
+  const Tensor& x = x_saved_;
+  const int64_t C = channels_;
+  mean_.ensure({C}, DType::kFloat32);
+  var_.ensure({C}, DType::kFloat32);
+  invstd_.ensure({C}, DType::kFloat32);
+  float* m = mean_.data_as<float>();
+  float* v = var_.data_as<float>();
+  float* is = invstd_.data_as<float>();
+  if (training_) {
+    std::span<double> sums(sums_);
+    kernels::batchnorm_sums(x, sums.first(static_cast<size_t>(2 * C)));
+    sums[static_cast<size_t>(2 * C)] = static_cast<double>(x.dim(0) * x.dim(2) * x.dim(3));
+    if (allreduce_) allreduce_(sums);
+    count_ = sums[static_cast<size_t>(2 * C)];
+    if (count_ <= 1)
+      throw Error("BatchNorm2d " + name() + ": training needs more than one value per channel, got input " +
+                  shape_str(x.shape()));
+    float* rm = running_mean_.staged.data_as<float>();
+    float* rv = running_var_.staged.data_as<float>();
+    for (int64_t c = 0; c < C; ++c) {
+      const double mean = sums_[static_cast<size_t>(c)] / count_;
+      const double var = std::max(0.0, sums_[static_cast<size_t>(C + c)] / count_ - mean * mean);
+      m[c] = static_cast<float>(mean);
+      v[c] = static_cast<float>(var);
+      is[c] = static_cast<float>(1.0 / std::sqrt(var + eps_));
+      // PyTorch: running = (1 - momentum) * running + momentum * batch, the variance unbiased (n / (n - 1)).
+      rm[c] = (1.0f - momentum_) * rm[c] + momentum_ * static_cast<float>(mean);
+      rv[c] = (1.0f - momentum_) * rv[c] + momentum_ * static_cast<float>(var * count_ / (count_ - 1.0));
+    }
+    tracked_.staged.data_as<float>()[0] += 1.0f;
+  } else {
+    const float* rm = running_mean_.value.data_as<float>();
+    const float* rv = running_var_.value.data_as<float>();
+    for (int64_t c = 0; c < C; ++c) {
+      m[c] = rm[c];
+      v[c] = rv[c];
+      is[c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rv[c]) + eps_));
+    }
+    count_ = 0;
+  }
+  y_.ensure(x.shape(), DType::kFloat32);
+  kernels::batchnorm_apply(x, mean_, invstd_, weight_.master, bias_.master, y_);
+  return y_;
+}
+
+const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
+  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy_cast_);
+  const int64_t C = channels_;
+  std::span<double> sums = std::span<double>(sums_).first(static_cast<size_t>(2 * C));
+  kernels::batchnorm_backward_sums(x_saved_, dy, mean_, invstd_, sums);
+  // This rank's share of dgamma = sum dy * xhat and dbeta = sum dy (the gradient reduction sums the ranks').
+  float* gw = weight_.grad.data_as<float>();
+  float* gb = bias_.grad.data_as<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    const float dg = static_cast<float>(sums[static_cast<size_t>(C + c)]);
+    const float db = static_cast<float>(sums[static_cast<size_t>(c)]);
+    gw[c] = ctx.accumulate ? gw[c] + dg : dg;
+    gb[c] = ctx.accumulate ? gb[c] + db : db;
+  }
+  if (ctx.on_grad_ready) {
+    ctx.on_grad_ready(weight_);
+    ctx.on_grad_ready(bias_);
+  }
+  // Synchronised statistics: every rank's dx depends on the global sums (called on every rank alike, so the
+  // collective is matched even when this rank's dx is not needed).
+  if (allreduce_ && count_ > 0) allreduce_(sums);
+  if (!ctx.need_input_grad) return kNone;
+  dx_.ensure(x_saved_.shape(), DType::kFloat32);
+  kernels::batchnorm_backward_dx(x_saved_, dy, mean_, invstd_, weight_.master, sums, count_, dx_);
+  return dx_;
+}
+
+// ---- pooling -----------------------------------------------------------------------------------------------------
+
+Pool2d::Pool2d(std::string name, Kind kind, int64_t kernel, int64_t stride, int64_t padding)
+    : Module(std::move(name)), kind_(kind) {
+  if (kernel <= 0 || stride <= 0 || padding < 0 || 2 * padding > kernel)
+    throw Error("Pool2d " + this->name() + ": kernel and stride must be positive and padding in [0, kernel / 2]",
+                ErrorKind::kBadInput);
+  s_.kernel = kernel;
+  s_.stride = stride;
+  s_.pad = padding;
+}
+
+const Tensor& Pool2d::forward(const Tensor& x_in) {
+  check_cpu(x_in, "Pool2d " + name());
+  if (x_in.ndim() != 4) throw Error("Pool2d " + name() + ": input " + shape_str(x_in.shape()) + " is not NCHW");
+  const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
+  s_.n = x.dim(0);
+  s_.c = x.dim(1);
+  s_.h = x.dim(2);
+  s_.w = x.dim(3);
+  if (s_.out_h() <= 0 || s_.out_w() <= 0)
+    throw Error("Pool2d " + name() + ": input " + shape_str(x.shape()) + " is smaller than the window");
+  y_.ensure({s_.n, s_.c, s_.out_h(), s_.out_w()}, DType::kFloat32);
+  if (kind_ == Kind::kMax) {
+    argmax_.resize(static_cast<size_t>(y_.numel()));
+    kernels::maxpool2d_forward(s_, x, y_, argmax_);
+  } else {
+    kernels::avgpool2d_forward(s_, x, y_);
+  }
+  return y_;
+}
+
+const Tensor& Pool2d::backward(const Tensor& dy_in, GradContext& ctx) {
+  if (!ctx.need_input_grad) return kNone;
+  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy_cast_);
+  dx_.ensure({s_.n, s_.c, s_.h, s_.w}, DType::kFloat32);
+  if (kind_ == Kind::kMax)
+    kernels::maxpool2d_backward(s_, dy, argmax_, dx_);
+  else
+    kernels::avgpool2d_backward(s_, dy, dx_);
+  return dx_;
+}
+
+const Tensor& GlobalAvgPool2d::forward(const Tensor& x_in) {
+  check_cpu(x_in, "GlobalAvgPool2d " + name());
+  if (x_in.ndim() != 4) throw Error("GlobalAvgPool2d " + name() + ": input " + shape_str(x_in.shape()) + " is not NCHW");
+  const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
+  in_shape_ = x.shape();
+  const int64_t rows = x.dim(0) * x.dim(1), hw = x.dim(2) * x.dim(3);
+  y_.ensure({x.dim(0), x.dim(1), 1, 1}, DType::kFloat32);
+  const float* p = x.data_as<float>();
+  float* q = y_.data_as<float>();
+  const float inv = 1.0f / static_cast<float>(hw);
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < hw; ++i) acc += p[r * hw + i];
+    q[r] = acc * inv;
+  }
+  return y_;
+}
+
+const Tensor& GlobalAvgPool2d::backward(const Tensor& dy_in, GradContext& ctx) {
+  if (!ctx.need_input_grad) return kNone;
+  Tensor dy32;
+  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy32);
+  dx_.ensure(in_shape_, DType::kFloat32);
+  const int64_t rows = in_shape_[0] * in_shape_[1], hw = in_shape_[2] * in_shape_[3];
+  const float inv = 1.0f / static_cast<float>(hw);
+  const float* g = dy.data_as<float>();
+  float* q = dx_.data_as<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < hw; ++i) q[r * hw + i] = g[r] * inv;
+  return dx_;
+}
+
+// ---- views -------------------------------------------------------------------------------------------------------
+
+const Tensor& Flatten::forward(const Tensor& x) {
+  in_shape_ = x.shape();
+  y_ = Tensor::view(const_cast<void*>(x.data()), {x.dim(0), x.numel() / std::max<int64_t>(x.dim(0), 1)}, x.dtype(),
+                    x.device());
+  return y_;
+}
+
+const Tensor& Flatten::backward(const Tensor& dy, GradContext& ctx) {
+  if (!ctx.need_input_grad) return kNone;
+  dx_ = Tensor::view(const_cast<void*>(dy.data()), in_shape_, dy.dtype(), dy.device());
+  return dx_;
+}
+
+const Tensor& ImageView::forward(const Tensor& x) {
+  const int64_t per = shape_numel(chw_);
+  if (x.ndim() < 1 || x.numel() != x.dim(0) * per)
+    throw Error("ImageView " + name() + ": input " + shape_str(x.shape()) + " does not hold images of " +
+                shape_str(chw_));
+  in_shape_ = x.shape();
+  Shape s{x.dim(0)};
+  s.insert(s.end(), chw_.begin(), chw_.end());
+  y_ = Tensor::view(const_cast<void*>(x.data()), s, x.dtype(), x.device());
+  return y_;
+}
+
+const Tensor& ImageView::backward(const Tensor& dy, GradContext& ctx) {
+  if (!ctx.need_input_grad) return kNone;
+  dx_ = Tensor::view(const_cast<void*>(dy.data()), in_shape_, dy.dtype(), dy.device());
+  return dx_;
+}
+
+// ---- BasicBlock --------------------------------------------------------------------------------------------------
+
+BasicBlock::BasicBlock(std::string name, int64_t in, int64_t out, int64_t stride, const Autocast& autocast,
+                       const BatchNorm2d::AllReduce& allreduce_sum, float conv_init_gain)
+    : Module(std::move(name)) {
+  const std::string& n = this->name();
+  auto he = [&](int64_t out_c, int64_t k) {
+    // kaiming_normal_(mode="fan_out", nonlinearity="relu") as torchvision, in its uniform form with the same
+    // variance: bound = gain * sqrt(3 / fan_out).
+    return conv_init_gain > 0 ? conv_init_gain * std::sqrt(3.0f / static_cast<float>(out_c * k * k)) : 0.0f;
+  };
+  conv1_ = std::make_unique<Conv2d>(n + ".conv1", Conv2d::Options{in, out, 3, stride, 1, 1, 1, false, he(out, 3)},
+                                    autocast);
+  bn1_ = std::make_unique<BatchNorm2d>(n + ".bn1", out, allreduce_sum);
+  relu1_ = std::make_unique<Activation>(n + ".relu", Activation::Kind::kReLU, autocast);
+  conv2_ = std::make_unique<Conv2d>(n + ".conv2", Conv2d::Options{out, out, 3, 1, 1, 1, 1, false, he(out, 3)},
+                                    autocast);
+  bn2_ = std::make_unique<BatchNorm2d>(n + ".bn2", out, allreduce_sum);
+  if (stride != 1 || in != out) {
+    down_conv_ = std::make_unique<Conv2d>(n + ".downsample.0",
+                                          Conv2d::Options{in, out, 1, stride, 0, 1, 1, false, he(out, 1)}, autocast);
+    down_bn_ = std::make_unique<BatchNorm2d>(n + ".downsample.1", out, allreduce_sum);
+  }
+}
+
+void BasicBlock::collect_parameters(std::vector<Parameter*>& out) {
+  conv1_->collect_parameters(out);
+  bn1_->collect_parameters(out);
+  conv2_->collect_parameters(out);
+  bn2_->collect_parameters(out);
+  if (down_conv_) {
+    down_conv_->collect_parameters(out);
+    down_bn_->collect_parameters(out);
+  }
+}
+
+void BasicBlock::collect_buffers(std::vector<Buffer*>& out) {
+  bn1_->collect_buffers(out);
+  bn2_->collect_buffers(out);
+  if (down_bn_) down_bn_->collect_buffers(out);
+}
+
+void BasicBlock::set_mode(bool training, int64_t step) {
+  bn1_->set_mode(training, step);
+  bn2_->set_mode(training, step);
+  if (down_bn_) down_bn_->set_mode(training, step);
+}
+
+const Tensor& BasicBlock::forward(const Tensor& x_in) {
+  const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
+  const Tensor& h = bn2_->forward(conv2_->forward(relu1_->forward(bn1_->forward(conv1_->forward(x)))));
+  const Tensor& s = down_conv_ ? down_bn_->forward(down_conv_->forward(x)) : x;
+  sum_.ensure(h.shape(), DType::kFloat32);
+  std::memcpy(sum_.data(), h.data(), h.nbytes());
+  kernels::add_inplace(sum_, s);
+  y_.ensure(sum_.shape(), DType::kFloat32);
+  kernels::relu_forward(sum_, y_);
+  return y_;
+}
+
+const Tensor& BasicBlock::backward(const Tensor& dy_in, GradContext& ctx) {
+  Tensor dy32;
+  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy32);
+  dsum_.ensure(y_.shape(), DType::kFloat32);
+  kernels::relu_backward(y_, dy, dsum_);
+  const bool outer_need = ctx.need_input_grad;
+  ctx.need_input_grad = true;
+  const Tensor& g = bn2_->backward(dsum_, ctx);
+  const Tensor& g2 = conv2_->backward(g, ctx);
+  const Tensor& g3 = bn1_->backward(relu1_->backward(g2, ctx), ctx);
+  ctx.need_input_grad = outer_need;
+  const Tensor& dx_branch = conv1_->backward(g3, ctx);
+  const Tensor* ds = &dsum_;
+  if (down_conv_) {
+    ctx.need_input_grad = true;
+    const Tensor& gb = down_bn_->backward(dsum_, ctx);
+    ctx.need_input_grad = outer_need;
+    ds = &down_conv_->backward(gb, ctx);
+  }
+  if (!outer_need) return kNone;
+  dx_.ensure(dx_branch.shape(), DType::kFloat32);
+  kernels::cast(dx_branch, dx_);
+  kernels::add_inplace(dx_, *ds);
+  return dx_;
+}
+
+}  // namespace ampdist

@@ -1,0 +1,360 @@
+// The convolutional layers on the CPU backend: Conv2d (stride, padding, dilation, groups, bias), BatchNorm2d,
+// MaxPool2d, AvgPool2d, global average pooling, flatten and the residual BasicBlock, each backward against central
+// finite differences in FP32; the forward convolution against a double reference; BatchNorm's running statistics
+// (PyTorch's update rule, staged until committed); 16-bit convolutions; ResNet-18's torchvision names.
+//
+// Finite-difference tolerance (as tests/unit/test_gpt.cc): a central difference with step h in FP32 has rounding
+// error about 2^-24 |L| / h and truncation error O(h^2 f'''). With |L| <~ 10 and h = 1e-2 that is <~ 1e-4, so
+// |fd - analytic| <= 2e-3 + 2e-2 |analytic| is ~10x the expected error and far below a wrong term.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/amp/autocast.h"
+#include "runtime/core/rng.h"
+#include "runtime/kernels/cnn.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/nn/cnn.h"
+#include "runtime/nn/conv.h"
+
+namespace ampdist {
+namespace {
+
+constexpr double kAbsTol = 2e-3, kRelTol = 2e-2;  // see the header comment
+
+float uniform(uint32_t stream, int64_t i, float lo, float hi) {
+  const RngStream rng{9090, {stream, 0, 0}, RngPurpose::kSynthetic};
+  return lo + (hi - lo) * rng.uniform(static_cast<uint64_t>(i));
+}
+Tensor random_tensor(const Shape& shape, uint32_t stream, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::empty(shape, DType::kFloat32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = uniform(stream, i, lo, hi);
+  return t;
+}
+double dot(const Tensor& y, const Tensor& w) {
+  Tensor y32 = y;
+  if (y.dtype() != DType::kFloat32) {
+    y32 = Tensor::empty(y.shape(), DType::kFloat32);
+    kernels::cast(y, y32);
+  }
+  double s = 0.0;
+  for (int64_t i = 0; i < y32.numel(); ++i) s += static_cast<double>(y32.item(i)) * w.item(i);
+  return s;
+}
+double central(float* v, float h, const std::function<double()>& f) {
+  const float v0 = *v, up = v0 + h, down = v0 - h;
+  *v = up;
+  const double fp = f();
+  *v = down;
+  const double fm = f();
+  *v = v0;
+  return (fp - fm) / (static_cast<double>(up) - static_cast<double>(down));
+}
+void check_grad(const std::string& what, float* values, const std::vector<float>& analytic, int64_t count,
+                const std::function<double()>& loss, float h = 1e-2f) {
+  const int64_t n = static_cast<int64_t>(analytic.size());
+  const int64_t step = std::max<int64_t>(1, n / count);
+  for (int64_t i = 0; i < n; i += step) {
+    const double fd = central(values + i, h, loss);
+    EXPECT_NEAR(analytic[static_cast<size_t>(i)], fd, kAbsTol + kRelTol * std::abs(fd)) << what << "[" << i << "]";
+  }
+}
+std::vector<float> copy_of(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.item(i);
+  return v;
+}
+// Parameters in FP32 master weights set to U(-0.5, 0.5) (BatchNorm gains 1 + U(-0.2, 0.2)), and the buffers bound.
+struct Bound {
+  std::vector<Parameter*> params;
+  std::vector<Buffer*> buffers;
+  std::unique_ptr<MasterWeights> mw;
+  std::unique_ptr<ModelBuffers> mb;
+};
+Bound bind(Module& m, DType working = DType::kFloat32) {
+  Bound b;
+  m.collect_parameters(b.params);
+  m.collect_buffers(b.buffers);
+  b.mw = bind_parameters(b.params, working, Device::kCPU, 0);
+  for (Parameter* p : b.params) {
+    float* w = p->master.data_as<float>();
+    for (int64_t i = 0; i < p->numel(); ++i)
+      w[i] = p->init == ParamInit::kOnes ? 1.0f + uniform(100 + p->index, i, -0.2f, 0.2f)
+                                         : uniform(100 + p->index, i, -0.5f, 0.5f);
+  }
+  b.mw->cast_to_working();
+  if (!b.buffers.empty()) b.mb = std::make_unique<ModelBuffers>(b.buffers);
+  return b;
+}
+GradContext ctx_for_test() {
+  GradContext ctx;
+  ctx.accumulate = false;
+  ctx.need_input_grad = true;
+  return ctx;
+}
+
+// Every parameter's gradient and the input's against finite differences of L = sum y * w.
+void check_module(Module& m, Bound& b, Tensor& x, uint32_t seed, int64_t count = 12, float h = 1e-2f) {
+  const Tensor& y0 = m.forward(x);
+  Tensor w = random_tensor(y0.shape(), seed);
+  GradContext ctx = ctx_for_test();
+  const Tensor& dx = m.backward(w, ctx);
+  const std::vector<float> dxa = copy_of(dx);
+  std::vector<std::vector<float>> grads;
+  for (Parameter* p : b.params) grads.push_back(copy_of(p->grad));
+  auto loss = [&] {
+    b.mw->cast_to_working();
+    return dot(m.forward(x), w);
+  };
+  check_grad("dx", x.data_as<float>(), dxa, count, loss, h);
+  for (size_t i = 0; i < b.params.size(); ++i)
+    check_grad(b.params[i]->name, b.params[i]->master.data_as<float>(), grads[i], count, loss, h);
+}
+
+// ---- Conv2d ------------------------------------------------------------------------------------------------------
+
+TEST(Conv2d, ForwardMatchesDoubleReference) {
+  const Autocast ac(DType::kFloat32);
+  Conv2d conv("conv", {4, 6, 3, 2, 1, 2, 2, true}, ac);  // stride 2, padding 1, dilation 2, groups 2
+  Bound b = bind(conv);
+  Tensor x = random_tensor({2, 4, 9, 8}, 1);
+  const Tensor& y = conv.forward(x);
+  // out = (in + 2 pad - dil (k - 1) - 1) / stride + 1: (9 + 2 - 4 - 1) / 2 + 1 = 4, (8 + 2 - 4 - 1) / 2 + 1 = 3.
+  ASSERT_EQ(y.shape(), (Shape{2, 6, 4, 3}));
+  const float* W = b.params[0]->master.data_as<float>();
+  const float* B = b.params[1]->master.data_as<float>();
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t k = 0; k < 6; ++k)
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t j = 0; j < 3; ++j) {
+          const int64_t g = k / 3;
+          double ref = B[k], mag = std::fabs(B[k]);
+          for (int64_t c = 0; c < 2; ++c)
+            for (int64_t a = 0; a < 3; ++a)
+              for (int64_t e = 0; e < 3; ++e) {
+                const int64_t h = i * 2 - 1 + a * 2, w = j * 2 - 1 + e * 2;
+                if (h < 0 || h >= 9 || w < 0 || w >= 8) continue;
+                const double t = x.item(((n * 4 + g * 2 + c) * 9 + h) * 8 + w) * W[((k * 2 + c) * 3 + a) * 3 + e];
+                ref += t;
+                mag += std::fabs(t);
+              }
+          // FP32 sum of 18 products and a bias: |error| <= (18 + 2) 2^-24 sum |terms| (Higham's gamma_n).
+          EXPECT_NEAR(y.item(((n * 6 + k) * 4 + i) * 3 + j), ref, 20 * mag / 16777216.0) << n << k << i << j;
+        }
+}
+
+TEST(Conv2d, GradientsMatchFiniteDifferencesStridePaddingBias) {
+  const Autocast ac(DType::kFloat32);
+  Conv2d conv("conv", {3, 4, 3, 2, 1, 1, 1, true}, ac);
+  Bound b = bind(conv);
+  Tensor x = random_tensor({2, 3, 7, 6}, 2);
+  check_module(conv, b, x, 3);
+}
+
+TEST(Conv2d, GradientsMatchFiniteDifferencesDilationGroupsNoBias) {
+  const Autocast ac(DType::kFloat32);
+  Conv2d conv("conv", {4, 6, 3, 1, 2, 2, 2, false}, ac);
+  Bound b = bind(conv);
+  ASSERT_EQ(b.params.size(), 1u);
+  Tensor x = random_tensor({2, 4, 6, 6}, 4);
+  check_module(conv, b, x, 5);
+}
+
+TEST(Conv2d, AccumulatesWeightGradientOverMicroBatches) {
+  const Autocast ac(DType::kFloat32);
+  Conv2d conv("conv", {2, 3, 3, 1, 1, 1, 1, true}, ac);
+  Bound b = bind(conv);
+  Tensor x1 = random_tensor({2, 2, 5, 5}, 6), x2 = random_tensor({3, 2, 5, 5}, 7);
+  Tensor w1 = random_tensor({2, 3, 5, 5}, 8), w2 = random_tensor({3, 3, 5, 5}, 9);
+  GradContext ctx = ctx_for_test();
+  conv.forward(x1);
+  conv.backward(w1, ctx);
+  const std::vector<float> g1 = copy_of(b.params[0]->grad), gb1 = copy_of(b.params[1]->grad);
+  conv.forward(x2);
+  conv.backward(w2, ctx);
+  const std::vector<float> g2 = copy_of(b.params[0]->grad), gb2 = copy_of(b.params[1]->grad);
+  conv.forward(x1);
+  conv.backward(w1, ctx);
+  ctx.accumulate = true;
+  conv.forward(x2);
+  conv.backward(w2, ctx);
+  // The second micro-batch's gradient is added in FP32: exactly g1 + g2 rounded once per element.
+  for (size_t i = 0; i < g1.size(); ++i) EXPECT_EQ(b.params[0]->grad.item(static_cast<int64_t>(i)), g1[i] + g2[i]);
+  for (size_t i = 0; i < gb1.size(); ++i) EXPECT_EQ(b.params[1]->grad.item(static_cast<int64_t>(i)), gb1[i] + gb2[i]);
+}
+
+TEST(Conv2d, Fp16AndBf16MultiplyRoundedInputsAndRoundTheFp32ResultOnce) {
+  for (DType d : {DType::kFloat16, DType::kBFloat16}) {
+    const Autocast ac(d);
+    Conv2d conv("conv", {3, 4, 3, 1, 1, 1, 1, true}, ac);
+    Bound b = bind(conv, d);
+    Tensor x = random_tensor({2, 3, 5, 5}, 10);
+    const Tensor& y = conv.forward(x);
+    ASSERT_EQ(y.dtype(), d);
+    // Reference: the inputs and working weights rounded to d, an FP32 convolution, one rounding to d.
+    Tensor xl = Tensor::empty(x.shape(), d), x32 = Tensor::empty(x.shape(), DType::kFloat32);
+    kernels::cast(x, xl);
+    kernels::cast(xl, x32);
+    Tensor w32 = Tensor::empty(b.params[0]->shape, DType::kFloat32), b32 = Tensor::empty({4}, DType::kFloat32);
+    kernels::cast(b.params[0]->working, w32);
+    kernels::cast(b.params[1]->working, b32);
+    Tensor y32 = Tensor::empty({2, 4, 5, 5}, DType::kFloat32), yl = Tensor::empty({2, 4, 5, 5}, d);
+    kernels::conv2d_forward({2, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1}, x32, w32, &b32, y32);
+    kernels::cast(y32, yl);
+    for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.item(i), yl.item(i)) << dtype_name(d) << " " << i;
+  }
+}
+
+// ---- BatchNorm2d -------------------------------------------------------------------------------------------------
+
+TEST(BatchNorm2d, TrainingGradientsMatchFiniteDifferences) {
+  BatchNorm2d bn("bn", 3);
+  Bound b = bind(bn);
+  Tensor x = random_tensor({4, 3, 3, 2}, 11, -1.0f, 2.0f);
+  check_module(bn, b, x, 12);
+}
+
+TEST(BatchNorm2d, EvaluationGradientsMatchFiniteDifferences) {
+  BatchNorm2d bn("bn", 3);
+  Bound b = bind(bn);
+  float* rm = bn.running_mean().value.data_as<float>();
+  float* rv = bn.running_var().value.data_as<float>();
+  for (int c = 0; c < 3; ++c) {
+    rm[c] = 0.1f * c;
+    rv[c] = 0.5f + c;
+  }
+  bn.set_mode(false, 0);
+  Tensor x = random_tensor({2, 3, 2, 2}, 13);
+  check_module(bn, b, x, 14);
+}
+
+TEST(BatchNorm2d, RunningStatisticsFollowPyTorchAndStayStagedUntilCommitted) {
+  BatchNorm2d bn("bn", 2);
+  Bound b = bind(bn);
+  Tensor x = random_tensor({3, 2, 2, 2}, 15, -2.0f, 3.0f);
+  b.mb->begin_step();
+  const Tensor& y = bn.forward(x);
+  for (int64_t c = 0; c < 2; ++c) {
+    double s = 0, q = 0;
+    for (int64_t n = 0; n < 3; ++n)
+      for (int64_t i = 0; i < 4; ++i) s += x.item((n * 2 + c) * 4 + i);
+    const double mean = s / 12;
+    for (int64_t n = 0; n < 3; ++n)
+      for (int64_t i = 0; i < 4; ++i) q += std::pow(x.item((n * 2 + c) * 4 + i) - mean, 2);
+    // torch: running_mean = 0.9 * 0 + 0.1 * mean; running_var = 0.9 * 1 + 0.1 * unbiased variance. Each is a few
+    // FP32 roundings of O(1) values: 1e-6 absolute is ~10 ulps.
+    EXPECT_NEAR(bn.running_mean().staged.item(c), 0.1 * mean, 1e-6);
+    EXPECT_NEAR(bn.running_var().staged.item(c), 0.9 + 0.1 * q / 11, 1e-6);
+    EXPECT_NEAR(bn.batch_var().item(c), q / 12, 1e-6);
+    // Normalised output: (x - mean) / sqrt(var + eps) * gamma + beta.
+    const double g = b.params[0]->master.item(c), be = b.params[1]->master.item(c);
+    EXPECT_NEAR(y.item(c * 4), (x.item(c * 4) - mean) / std::sqrt(q / 12 + 1e-5) * g + be, 1e-5);
+    // Not committed: evaluation still reads the initial statistics.
+    EXPECT_EQ(bn.running_mean().value.item(c), 0.0f);
+    EXPECT_EQ(bn.running_var().value.item(c), 1.0f);
+  }
+  EXPECT_EQ(bn.num_batches_tracked().staged.item(0), 1.0f);
+  EXPECT_EQ(bn.num_batches_tracked().value.item(0), 0.0f);
+  b.mb->commit();
+  EXPECT_EQ(bn.num_batches_tracked().value.item(0), 1.0f);
+  EXPECT_EQ(bn.running_mean().value.item(1), bn.running_mean().staged.item(1));
+}
+
+TEST(BatchNorm2d, OneValuePerChannelIsRefusedInTraining) {
+  BatchNorm2d bn("bn", 2);
+  Bound b = bind(bn);
+  Tensor x = random_tensor({1, 2, 1, 1}, 16);
+  EXPECT_THROW(bn.forward(x), Error);
+}
+
+// ---- pooling, flatten, residual ------------------------------------------------------------------------------------
+
+// Distinct values 0.05 apart, so that no step of +-h = 1e-2 changes which element is a window's maximum.
+Tensor spread_tensor(const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::kFloat32);
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) t.data_as<float>()[i] = 0.05f * static_cast<float>((i * 7919) % n) - 1.0f;
+  return t;
+}
+
+TEST(Pool2d, MaxPoolGradientMatchesFiniteDifferences) {
+  Pool2d pool("pool", Pool2d::Kind::kMax, 3, 2, 1);
+  Bound b = bind(pool);
+  Tensor x = spread_tensor({2, 2, 7, 6});
+  const Tensor& y = pool.forward(x);
+  ASSERT_EQ(y.shape(), (Shape{2, 2, 4, 3}));
+  check_module(pool, b, x, 17, 40);
+}
+
+TEST(Pool2d, AvgPoolGradientMatchesFiniteDifferences) {
+  Pool2d pool("pool", Pool2d::Kind::kAvg, 2, 2, 0);
+  Bound b = bind(pool);
+  Tensor x = random_tensor({2, 3, 6, 5}, 18);
+  ASSERT_EQ(pool.forward(x).shape(), (Shape{2, 3, 3, 2}));
+  check_module(pool, b, x, 19, 40);
+}
+
+TEST(Pool2d, MaxPoolKeepsNaN) {
+  Pool2d pool("pool", Pool2d::Kind::kMax, 2, 2, 0);
+  Tensor x = spread_tensor({1, 1, 2, 2});
+  x.data_as<float>()[1] = std::nanf("");
+  EXPECT_TRUE(std::isnan(pool.forward(x).item(0)));
+}
+
+TEST(BasicBlock, GradientsMatchFiniteDifferencesWithDownsampleAndGlobalPool) {
+  const Autocast ac(DType::kFloat32);
+  Sequential m("m");
+  m.add(std::make_unique<BasicBlock>("layer2.0", 3, 4, 2, ac, BatchNorm2d::AllReduce{}, 0.0f));
+  m.add(std::make_unique<BasicBlock>("layer2.1", 4, 4, 1, ac, BatchNorm2d::AllReduce{}, 0.0f));
+  m.add(std::make_unique<GlobalAvgPool2d>("avgpool"));
+  m.add(std::make_unique<Flatten>("flatten"));
+  Bound b = bind(m);
+  ASSERT_EQ(b.params.size(), 15u);  // 9 with the downsample (conv1, bn1 x2, conv2, bn2 x2, ds.0, ds.1 x2), then 6
+  Tensor x = random_tensor({3, 3, 6, 6}, 20);
+  ASSERT_EQ(m.forward(x).shape(), (Shape{3, 4}));
+  // h = 1e-3: two ReLUs per block put kinks within reach of a step of 1e-2 (a pre-activation crossing zero makes the
+  // difference quotient wrong by O(1)); rounding error is then ~2^-24 |L| / h <~ 1e-4, inside the tolerance.
+  check_module(m, b, x, 21, 8, 1e-3f);
+}
+
+// ---- ResNet-18 layout --------------------------------------------------------------------------------------------
+
+TEST(Resnet, Resnet18HasTorchvisionNamesAndCounts) {
+  const Autocast ac(DType::kFloat32);
+  ResnetConfig cfg;
+  cfg.set_depth(18);
+  cfg.set_stem(IMAGENET);
+  auto model = build_resnet(cfg, {3, 224, 224}, 10, ac);
+  std::vector<Parameter*> params;
+  std::vector<Buffer*> buffers;
+  model->collect_parameters(params);
+  model->collect_buffers(buffers);
+  // torchvision resnet18(num_classes=10).state_dict(): 62 parameters and 60 buffers (20 BatchNorms x 3);
+  // 11,181,642 parameters (11,689,512 with 1000 classes, less 513 * 990).
+  EXPECT_EQ(params.size(), 62u);
+  EXPECT_EQ(buffers.size(), 60u);
+  int64_t n = 0;
+  for (Parameter* p : params) n += p->numel();
+  EXPECT_EQ(n, 11181642);
+  std::set<std::string> names;
+  for (Parameter* p : params) names.insert(p->name);
+  for (Buffer* bf : buffers) names.insert(bf->name);
+  for (const char* expect : {"conv1.weight", "bn1.weight", "bn1.running_mean", "layer1.0.conv1.weight",
+                             "layer1.1.bn2.num_batches_tracked", "layer2.0.downsample.0.weight",
+                             "layer2.0.downsample.1.running_var", "layer4.1.conv2.weight", "fc.weight", "fc.bias"})
+    EXPECT_TRUE(names.count(expect)) << expect;
+  EXPECT_EQ(params[0]->shape, (Shape{64, 3, 7, 7}));
+  cfg.set_stem(SMALL);
+  auto small = build_resnet(cfg, {1, 28, 28}, 10, ac);
+  std::vector<Parameter*> sp;
+  small->collect_parameters(sp);
+  EXPECT_EQ(sp[0]->shape, (Shape{64, 1, 3, 3}));
+}
+
+}  // namespace
+}  // namespace ampdist
