@@ -72,7 +72,8 @@ stopped_at=$(sed -n 's/^stopping at step \([0-9]*\).*/\1/p' "$TMP/s_k.txt")
 if [ "$rc" = 0 ] && [ -n "$stopped_at" ] && [ "$stopped_at" -lt 600 ] && grep -q "^stopped early" "$TMP/s_k.txt"; then
   ok "SIGUSR1 to one rank: every rank saved at step $stopped_at and exited 0"
 else
-  not_ok "SIGUSR1 stop" "exit $rc, stopped at '$stopped_at': $(tail -3 "$TMP/s_k.txt")"
+  not_ok "SIGUSR1 stop" "exit $rc, stopped at '$stopped_at' (signalled pid $victim; the run's whole output below)"
+  show "$TMP/s_k.txt"
 fi
 run 2 "$TMP/s_r.txt" --config "$TMP/slow.pbtxt" --run-dir "$TMP/s_k" --resume auto || not_ok "SIGUSR1 resume" "exit $?"
 h_res=$(hash_of "$TMP/s_r.txt")
