@@ -73,7 +73,7 @@ if [ "$rc" = 0 ] && [ -n "$stopped_at" ] && [ "$stopped_at" -lt 600 ] && grep -q
   ok "SIGUSR1 to one rank: every rank saved at step $stopped_at and exited 0"
 else
   not_ok "SIGUSR1 stop" "exit $rc, stopped at '$stopped_at' (signalled pid $victim; the run's whole output below)"
-  show "$TMP/s_k.txt"
+  sed -e "s/^/    | /" "$TMP/s_k.txt"
 fi
 run 2 "$TMP/s_r.txt" --config "$TMP/slow.pbtxt" --run-dir "$TMP/s_k" --resume auto || not_ok "SIGUSR1 resume" "exit $?"
 h_res=$(hash_of "$TMP/s_r.txt")
