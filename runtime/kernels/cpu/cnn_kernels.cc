@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 #include <unordered_map>
 #include <vector>
 
@@ -92,6 +93,10 @@ dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& s, bool bi
 }
 
 struct ConvState {
+#if defined(AMPDIST_ENGINE_SINGLE_THREAD)
+  // As for the matmuls (cpu/onednn.cc): TSan cannot see libgomp's barriers, so oneDNN runs on the calling thread.
+  ConvState() { omp_set_num_threads(1); }
+#endif
   std::unordered_map<ConvKey, std::unique_ptr<ConvEntry>, ConvKeyHash> cache;
   dnnl::stream stream{engine()};
 };
