@@ -195,6 +195,26 @@ struct Problems {
   void add(const std::string& s) { lines.push_back(s); }
 };
 
+// Whether a shard file exists, is a regular file and has the size the manifest records; adds the problem if not.
+bool shard_file_ok(const std::string& file, const ShardFileInfo& info, Problems& p) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) {
+    p.add(file + ": missing shard");
+    return false;
+  }
+  if (!fs::is_regular_file(file, ec)) {
+    p.add(file + ": not a regular file");
+    return false;
+  }
+  const auto size = static_cast<int64_t>(fs::file_size(file, ec));
+  if (size != info.bytes()) {
+    p.add(file + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(info.bytes()) +
+          " (truncated or overwritten)");
+    return false;
+  }
+  return true;
+}
+
 // Reads every shard of a checkpoint, checking it against the manifest; when `buffers` is non-null, sizes each of
 // its entries (name -> full buffer) to numel and fills it. Problems are collected, not thrown.
 void read_shards(const std::string& path, const Manifest& m, std::map<std::string, std::vector<float>>* buffers,
@@ -259,21 +279,7 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
     const std::string file = (fs::path(path) / info.file()).string();
     const int64_t slice_begin = begin, slice_end = begin + (r < world ? slice_count(r) : 0);
     begin = slice_end;
-    std::error_code ec;
-    if (!fs::exists(file, ec)) {
-      p.add(file + ": missing shard");
-      continue;
-    }
-    if (!fs::is_regular_file(file, ec)) {
-      p.add(file + ": not a regular file");
-      continue;
-    }
-    const auto size = static_cast<int64_t>(fs::file_size(file, ec));
-    if (size != info.bytes()) {
-      p.add(file + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(info.bytes()) +
-            " (truncated or overwritten)");
-      continue;
-    }
+    if (!shard_file_ok(file, info, p)) continue;
     std::string bytes;
     try {
       bytes = read_file(file);
@@ -417,21 +423,7 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
     ob = oe;
     if (lo >= hi) continue;
     const std::string file = (fs::path(path) / info.file()).string();
-    std::error_code ec;
-    if (!fs::exists(file, ec)) {
-      p.add(file + ": missing shard");
-      break;
-    }
-    if (!fs::is_regular_file(file, ec)) {
-      p.add(file + ": not a regular file");
-      break;
-    }
-    const auto size = static_cast<int64_t>(fs::file_size(file, ec));
-    if (size != info.bytes()) {
-      p.add(file + ": " + std::to_string(size) + " bytes, the manifest says " + std::to_string(info.bytes()) +
-            " (truncated or overwritten)");
-      break;
-    }
+    if (!shard_file_ok(file, info, p)) break;
     const auto ranges = record_ranges(shard_begin, count, per_record);
     int64_t total = 0;
     for (int64_t b : info.record_bytes()) total += b;
