@@ -284,7 +284,7 @@ int run_ckpt_export(const CkptArgs& args) {
         throw BadInput(manifest_file, "tensor " + t.name() + " " + shape_str(shape) + " at offset " +
                                           std::to_string(t.offset()) + " does not fit the master buffer of " +
                                           std::to_string(master.size()) + " elements");
-      ExportTensor e{t.name(), shape, {}, master.data() + t.offset(), numel};
+      ExportTensor e{t.name(), shape, {}, master.data() + t.offset(), numel, "F32", {}};
       if (hf) {
         e.name = hf_gpt2_name(t.name());
         if (t.name() == "wte.weight" && shape.size() == 2 && shape[0] > g.vocab_size()) {
@@ -313,7 +313,7 @@ int run_ckpt_export(const CkptArgs& args) {
       if (t.numel() < 0 || t.numel() != shape_numel(shape) || t.offset() < 0 || t.offset() > buffer_limit - t.numel())
         throw BadInput(manifest_file, "buffer " + t.name() + " does not fit the manifest's buffer values");
       const float* v = m.buffer_values().data() + t.offset();
-      ExportTensor e{t.name(), shape, {}, v, t.numel()};
+      ExportTensor e{t.name(), shape, {}, v, t.numel(), "F32", {}};
       if (t.name().ends_with(".num_batches_tracked") && t.numel() == 1) {
         const int64_t n = static_cast<int64_t>(v[0]);
         e.shape = {};
