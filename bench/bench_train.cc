@@ -1,6 +1,6 @@
 // Training throughput, mixed-precision overhead and peak memory of one config, under mpirun (bench/run_all.sh).
 //
-//   mpirun -np 2 build/bench/ampdist_bench_train --config configs/fashion_mnist_mlp.pbtxt --precision bf16 \
+//   mpirun -np 2 build/bench/ampdist_bench_train --config configs/fashion_mnist_mlp.pbtxt --precision bf16
 //       --warmup 20 --steps 50 --repeat 5 --json out.json
 //
 // What it measures, all on the Trainer that `ampdist train` builds (make_trainer), with no evaluation, logging or

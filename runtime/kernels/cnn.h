@@ -1,6 +1,7 @@
 // The convolutional-network op families on the CPU: 2-d convolution (oneDNN's convolution primitives), BatchNorm
-// statistics and normalisation, max and average pooling. Every tensor is FP32 and NCHW (row-major [N, C, H, W]);
-// the layers in runtime/nn/conv.h cast at their boundaries (autocast). Only the CPU backend implements them: a
+// statistics and normalisation, max and average pooling. Every tensor is NCHW (row-major [N, C, H, W]) and FP32,
+// except the 16-bit inputs a convolution or BatchNorm also takes (below); the layers in runtime/nn/conv.h cast at their
+// boundaries (autocast). Only the CPU backend implements them: a
 // tensor on the GPU is an Error here, and config validation refuses CNN models on the GPU backend before that.
 //
 // Output sizes follow torch.nn.Conv2d / MaxPool2d (floor mode):
@@ -25,18 +26,27 @@ struct ConvShape {
   int64_t out_w() const { return (w + 2 * pad - dilation * (kw - 1) - 1) / stride + 1; }
 };
 // y [N, K, OH, OW] = conv(x [N, C, H, W], w [K, C/groups, kh, kw]) (+ bias [K]), cross-correlation as PyTorch.
-// oneDNN's convolution_forward, FP32 arithmetic (accumulation in FP32). bias: null for none.
+// x and w share one dtype: FP32, BF16 or FP16. The products are exact and accumulate in FP32 (DESIGN.md's
+// tensor-core contract); bias is FP32 and added to the FP32 result, which y holds as FP32 or in x's dtype, rounded
+// once (round to nearest even; by oneDNN's bf16 kernel itself, else by kernels::cast). BF16 runs on oneDNN's bf16
+// kernels where the CPU has them (AVX512-BF16, AMX: see cpu::onednn::native_bf16), else, like FP16 (oneDNN 2.6 has
+// no fp16 convolution on the CPU), as FP32 on the exactly widened values. oneDNN chooses the memory layout its
+// kernels run in (blocked nChw16c and the like); the operands are reordered into it and the result back to NCHW.
+// bias: null for none.
 void conv2d_forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
-// dx [N, C, H, W] = d/dx of the convolution for dy [N, K, OH, OW] (oneDNN's convolution_backward_data).
+// dx [N, C, H, W] = d/dx of the convolution for dy [N, K, OH, OW] (oneDNN's convolution_backward_data); dy and w
+// share one dtype, and dx is FP32 or that dtype, as x, w and y above.
 void conv2d_backward_data(const ConvShape& s, const Tensor& dy, const Tensor& w, Tensor& dx);
-// dw [K, C/groups, kh, kw] and dbias [K] (null: none) from x and dy (oneDNN's convolution_backward_weights), FP32;
-// added to dw / dbias when accumulate (a later micro-batch of the step), else written.
+// dw [K, C/groups, kh, kw] and dbias [K] (null: none), FP32, from x and dy (one dtype, as above; oneDNN's
+// convolution_backward_weights); added to dw / dbias when accumulate (a later micro-batch of the step), else written.
 void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor* dbias,
                              bool accumulate);
-// The oneDNN implementation chosen for a forward convolution of this shape (e.g. "gemm:jit", "jit:avx2").
-std::string conv2d_implementation(const ConvShape& s);
+// The oneDNN implementation chosen for a forward convolution of this shape with operands of `dtype` (e.g.
+// "jit:avx512_core_bf16", "jit:avx512_core", "gemm:jit").
+std::string conv2d_implementation(const ConvShape& s, DType dtype = DType::kFloat32);
 
-// ---- BatchNorm (Ioffe & Szegedy 2015), all FP32, statistics accumulated in double --------------------------------
+// ---- BatchNorm (Ioffe & Szegedy 2015), FP32 arithmetic, statistics accumulated in double ------------------------
+// x and dy may be FP32 or a 16-bit dtype (read as FP32, exactly); every other tensor is FP32.
 // Per channel c of x [N, C, H, W]: sums[c] = sum of x, sums[C + c] = sum of x^2 over N, H, W (2C doubles, so that a
 // synchronised BatchNorm can all-reduce them before the statistics are formed).
 void batchnorm_sums(const Tensor& x, std::span<double> sums);

@@ -16,12 +16,6 @@ const Tensor& in_dtype(const Tensor& x, DType dtype, Tensor& buffer) {
   kernels::cast(x, buffer);
   return buffer;
 }
-// x rounded to `low` and then held in FP32 (exact): the values a `low` op multiplies. FP32 x passes through when low
-// is FP32.
-const Tensor& rounded_f32(const Tensor& x, DType low, Tensor& low_buf, Tensor& f32_buf) {
-  const Tensor& l = in_dtype(x, low, low_buf);
-  return in_dtype(l, DType::kFloat32, f32_buf);
-}
 void check_cpu(const Tensor& x, const std::string& layer) {
   if (x.device() != Device::kCPU)
     throw Error(layer + ": convolutional layers run on the CPU backend only (got a GPU tensor)");
@@ -67,44 +61,28 @@ const Tensor& Conv2d::forward(const Tensor& x) {
             o_.groups};
   if (shape_.out_h() <= 0 || shape_.out_w() <= 0)
     throw Error("Conv2d " + name() + ": input " + shape_str(x.shape()) + " is smaller than its dilated kernel");
-  // Saved for the weight gradient: the input itself when it was already FP32, else the cast buffer.
-  x_saved_ = rounded_f32(x, dtype_, x_low_, x32_);
-  const Tensor& x32 = x_saved_;
-  w_saved_ = in_dtype(weight_.weights_for(dtype_), DType::kFloat32, w32_);
-  const Tensor& w32 = w_saved_;
+  // Saved for the weight gradient: the input in the working dtype (the input itself when it already is). The
+  // kernel multiplies the 16-bit values exactly and accumulates in FP32 (natively or on the widened values).
+  x_saved_ = in_dtype(x, dtype_, x_low_);
+  w_saved_ = weight_.weights_for(dtype_);
   const Tensor* b32 = o_.bias ? &in_dtype(bias_.weights_for(dtype_), DType::kFloat32, b32_) : nullptr;
-  const Shape out{shape_.n, o_.out, shape_.out_h(), shape_.out_w()};
-  if (dtype_ == DType::kFloat32) {
-    y_.ensure(out, DType::kFloat32);
-    kernels::conv2d_forward(shape_, x32, w32, b32, y_);
-    return y_;
-  }
-  y32_.ensure(out, DType::kFloat32);
-  kernels::conv2d_forward(shape_, x32, w32, b32, y32_);
-  y_.ensure(out, dtype_);
-  kernels::cast(y32_, y_);  // one rounding of the FP32 result
+  // In the working dtype: the kernel rounds the FP32 result (bias included) once.
+  y_.ensure({shape_.n, o_.out, shape_.out_h(), shape_.out_w()}, dtype_);
+  kernels::conv2d_forward(shape_, x_saved_, w_saved_, b32, y_);
   return y_;
 }
 
 const Tensor& Conv2d::backward(const Tensor& dy_in, GradContext& ctx) {
-  const Tensor& dy32 = rounded_f32(dy_in, dtype_, dy_low_, dy32_);
-  kernels::conv2d_backward_weights(shape_, x_saved_, dy32, weight_.grad, o_.bias ? &bias_.grad : nullptr,
+  const Tensor& dy = in_dtype(dy_in, dtype_, dy_low_);
+  kernels::conv2d_backward_weights(shape_, x_saved_, dy, weight_.grad, o_.bias ? &bias_.grad : nullptr,
                                    ctx.accumulate);
   if (ctx.on_grad_ready) {
     ctx.on_grad_ready(weight_);
     if (o_.bias) ctx.on_grad_ready(bias_);
   }
   if (!ctx.need_input_grad) return kNone;
-  const Shape in{shape_.n, shape_.c, shape_.h, shape_.w};
-  if (dtype_ == DType::kFloat32) {
-    dx_.ensure(in, DType::kFloat32);
-    kernels::conv2d_backward_data(shape_, dy32, w_saved_, dx_);
-    return dx_;
-  }
-  dx32_.ensure(in, DType::kFloat32);
-  kernels::conv2d_backward_data(shape_, dy32, w_saved_, dx32_);
-  dx_.ensure(in, dtype_);
-  kernels::cast(dx32_, dx_);
+  dx_.ensure({shape_.n, shape_.c, shape_.h, shape_.w}, dtype_);
+  kernels::conv2d_backward_data(shape_, dy, w_saved_, dx_);
   return dx_;
 }
 
@@ -151,7 +129,8 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
   if (x_in.ndim() != 4 || x_in.dim(1) != channels_)
     throw Error("BatchNorm2d " + name() + ": input " + shape_str(x_in.shape()) + ", expected [N, " +
                 std::to_string(channels_) + ", H, W]");
-  x_saved_ = in_dtype(x_in, DType::kFloat32, x_cast_);
+  // The input as it came (FP32 or the working dtype): the kernels read 16-bit values as FP32, exactly.
+  x_saved_ = x_in;
   const Tensor& x = x_saved_;
   const int64_t C = channels_;
   mean_.ensure({C}, DType::kFloat32);
@@ -198,7 +177,7 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
 }
 
 const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
-  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy_cast_);
+  const Tensor& dy = dy_in;  // FP32 or 16-bit, read as FP32
   const int64_t C = channels_;
   std::span<double> sums = std::span<double>(sums_).first(static_cast<size_t>(2 * C));
   kernels::batchnorm_backward_sums(x_saved_, dy, mean_, invstd_, sums);

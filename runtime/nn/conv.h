@@ -44,7 +44,7 @@ class Conv2d : public Module {
   DType dtype_;
   Parameter weight_, bias_;
   kernels::ConvShape shape_;
-  Tensor x_low_, x32_, w32_, b32_, y32_, y_, dy_low_, dy32_, dx32_, dx_;
+  Tensor x_low_, b32_, y_, dy_low_, dx_;
   Tensor x_saved_, w_saved_;  // what the backward reads: views of the inputs or of the buffers above
 };
 
@@ -86,7 +86,7 @@ class BatchNorm2d : public Module {
   bool training_ = true;
   Parameter weight_, bias_;
   Buffer running_mean_, running_var_, tracked_;
-  Tensor x_cast_, x_saved_, y_, mean_, var_, invstd_, dy_cast_, dx_;
+  Tensor x_saved_, y_, mean_, var_, invstd_, dx_;
   double count_ = 0;  // elements per channel of the last training forward (global when synchronised)
   std::vector<double> sums_;
 };

@@ -89,6 +89,7 @@ const Tensor kNone;
 
 Module& Sequential::add(std::unique_ptr<Module> m) {
   layers_.push_back(std::move(m));
+  first_trainable_ = -1;
   return *layers_.back();
 }
 
@@ -117,10 +118,20 @@ const Tensor& Sequential::forward(const Tensor& x) {
 
 const Tensor& Sequential::backward(const Tensor& dy, GradContext& ctx) {
   if (layers_.empty()) return identity_ = dy;
+  if (first_trainable_ < 0) {  // the layers are fixed once training runs; add() resets this
+    first_trainable_ = static_cast<int64_t>(layers_.size());
+    for (size_t i = 0; i < layers_.size() && first_trainable_ == static_cast<int64_t>(layers_.size()); ++i) {
+      std::vector<Parameter*> p;
+      layers_[i]->collect_parameters(p);
+      if (!p.empty()) first_trainable_ = static_cast<int64_t>(i);
+    }
+  }
   const bool outer_need = ctx.need_input_grad;
   const Tensor* g = &dy;
   for (size_t i = layers_.size(); i-- > 0;) {
-    ctx.need_input_grad = i > 0 || outer_need;
+    // A layer's input gradient is needed only by a trainable layer before it (or by the caller): a network's first
+    // convolution skips its data gradient, as autograd does for an input that needs none.
+    ctx.need_input_grad = static_cast<int64_t>(i) > first_trainable_ || outer_need;
     g = &layers_[i]->backward(*g, ctx);
   }
   ctx.need_input_grad = outer_need;

@@ -162,6 +162,7 @@ class Sequential : public Module {
 
  private:
   std::vector<std::unique_ptr<Module>> layers_;
+  int64_t first_trainable_ = -1;  // index of the first layer with parameters (-1: not yet computed)
   Tensor identity_;
 };
 

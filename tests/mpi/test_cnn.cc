@@ -82,10 +82,10 @@ void run_c13(bool sync) {
   if (sync) {
     // The batch statistics of step 5 against the concatenated global batch in double: BatchNorm's input (the
     // conv output, [8, 4, 8, 8] per rank) gathered from both ranks.
-    const Tensor& in = bn.last_input();
+    const Tensor& in = bn.last_input();  // in the working dtype, which BatchNorm reads as FP32
     const int64_t n = in.numel();
     std::vector<float> all(static_cast<size_t>(2 * n));
-    std::copy(in.data_as<float>(), in.data_as<float>() + n, all.begin() + comm.rank() * n);
+    for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(comm.rank() * n + i)] = in.item(i);
     const std::vector<int64_t> counts{n, n};
     comm.allgather_inplace_async(all.data(), counts, DType::kFloat32, "test gather")->wait();
     const int64_t C = 4, hw = 64;

@@ -13,11 +13,13 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/amp/autocast.h"
 #include "runtime/core/rng.h"
 #include "runtime/kernels/cnn.h"
+#include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/nn/cnn.h"
 #include "runtime/nn/conv.h"
@@ -189,6 +191,7 @@ TEST(Conv2d, AccumulatesWeightGradientOverMicroBatches) {
 }
 
 TEST(Conv2d, Fp16AndBf16MultiplyRoundedInputsAndRoundTheFp32ResultOnce) {
+  const kernels::ConvShape shape{2, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1};
   for (DType d : {DType::kFloat16, DType::kBFloat16}) {
     const Autocast ac(d);
     Conv2d conv("conv", {3, 4, 3, 1, 1, 1, 1, true}, ac);
@@ -196,18 +199,92 @@ TEST(Conv2d, Fp16AndBf16MultiplyRoundedInputsAndRoundTheFp32ResultOnce) {
     Tensor x = random_tensor({2, 3, 5, 5}, 10);
     const Tensor& y = conv.forward(x);
     ASSERT_EQ(y.dtype(), d);
-    // Reference: the inputs and working weights rounded to d, an FP32 convolution, one rounding to d.
+    // The inputs and working weights rounded to d, held exactly in FP32.
     Tensor xl = Tensor::empty(x.shape(), d), x32 = Tensor::empty(x.shape(), DType::kFloat32);
     kernels::cast(x, xl);
     kernels::cast(xl, x32);
     Tensor w32 = Tensor::empty(b.params[0]->shape, DType::kFloat32), b32 = Tensor::empty({4}, DType::kFloat32);
     kernels::cast(b.params[0]->working, w32);
     kernels::cast(b.params[1]->working, b32);
+    if (d == DType::kBFloat16 && kernels::cpu::onednn::native_bf16()) {
+      // oneDNN's bf16 kernel: exact products, FP32 accumulation in its own order, one rounding to bf16. Against the
+      // exact (double) result of the rounded inputs: the FP32 sum of 27 products and a bias is off by at most
+      // acc = (27 + 2) 2^-24 sum |terms| (Higham's gamma_n), and its one rounding adds at most half a bf16 ulp
+      // (8 significant bits) of the accumulator. An intermediate rounding to bf16 would add errors near
+      // 2^-9 sum |terms|, far above acc.
+      const float* X = x32.data_as<float>();
+      const float* W = w32.data_as<float>();
+      for (int64_t n = 0; n < 2; ++n)
+        for (int64_t k = 0; k < 4; ++k)
+          for (int64_t i = 0; i < 5; ++i)
+            for (int64_t j = 0; j < 5; ++j) {
+              double ref = b32.item(k), mag = std::fabs(ref);
+              for (int64_t c = 0; c < 3; ++c)
+                for (int64_t a = 0; a < 3; ++a)
+                  for (int64_t e = 0; e < 3; ++e) {
+                    const int64_t h = i - 1 + a, w = j - 1 + e;
+                    if (h < 0 || h >= 5 || w < 0 || w >= 5) continue;
+                    const double t = static_cast<double>(X[((n * 3 + c) * 5 + h) * 5 + w]) * W[((k * 3 + c) * 3 + a) * 3 + e];
+                    ref += t;
+                    mag += std::fabs(t);
+                  }
+              const double got = y.item(((n * 4 + k) * 5 + i) * 5 + j);
+              const double acc = 29 * mag / 16777216.0;
+              const double half_ulp = std::ldexp(1.0, std::ilogb(std::fabs(ref) + acc) - 8);
+              EXPECT_NEAR(got, ref, half_ulp + acc) << n << k << i << j;
+            }
+      continue;
+    }
+    // Elsewhere (fp16 always): an FP32 convolution of the widened values and one rounding to d, bitwise.
     Tensor y32 = Tensor::empty({2, 4, 5, 5}, DType::kFloat32), yl = Tensor::empty({2, 4, 5, 5}, d);
-    kernels::conv2d_forward({2, 3, 5, 5, 4, 3, 3, 1, 1, 1, 1}, x32, w32, &b32, y32);
+    kernels::conv2d_forward(shape, x32, w32, &b32, y32);
     kernels::cast(y32, yl);
     for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.item(i), yl.item(i)) << dtype_name(d) << " " << i;
   }
+}
+
+// A bf16 convolution runs on oneDNN's bf16 kernels where the CPU has bf16 hardware, forward and both backwards
+// (not on FP32 after a conversion, nor on oneDNN's reference loops), in the blocked layouts those kernels need.
+TEST(Conv2d, Bf16TakesOneDnnNativeKernelsWhereTheCpuHasThem) {
+  if (!kernels::cpu::onednn::native_bf16())
+    GTEST_SKIP() << "this CPU has neither AVX512-BF16 nor AMX (oneDNN's bf16 matmul is "
+                 << kernels::cpu::onednn::implementation(DType::kBFloat16, DType::kBFloat16)
+                 << "): bf16 convolutions run as FP32 on the exactly widened values";
+  // A ResNet-18 layer1 convolution: 64 -> 64 channels, 3x3, 56x56.
+  const kernels::ConvShape s{2, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1};
+  const std::string impl = kernels::conv2d_implementation(s, DType::kBFloat16);
+  EXPECT_NE(impl.find("bf16"), std::string::npos) << impl;
+  EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
+  // The three passes agree with an FP32 convolution of the same (bf16) values to FP32-accumulation accuracy.
+  Tensor x = random_tensor({2, 64, 56, 56}, 20), w = random_tensor({64, 64, 3, 3}, 21, -0.1f, 0.1f);
+  Tensor dy = random_tensor({2, 64, 56, 56}, 22);
+  Tensor xl = Tensor::empty(x.shape(), DType::kBFloat16), wl = Tensor::empty(w.shape(), DType::kBFloat16),
+         dyl = Tensor::empty(dy.shape(), DType::kBFloat16);
+  kernels::cast(x, xl);
+  kernels::cast(w, wl);
+  kernels::cast(dy, dyl);
+  kernels::cast(xl, x);
+  kernels::cast(wl, w);
+  kernels::cast(dyl, dy);
+  Tensor y16 = Tensor::empty(dy.shape(), DType::kFloat32), y32 = Tensor::empty(dy.shape(), DType::kFloat32);
+  Tensor dx16 = Tensor::empty(x.shape(), DType::kFloat32), dx32 = Tensor::empty(x.shape(), DType::kFloat32);
+  Tensor dw16 = Tensor::empty(w.shape(), DType::kFloat32), dw32 = Tensor::empty(w.shape(), DType::kFloat32);
+  kernels::conv2d_forward(s, xl, wl, nullptr, y16);
+  kernels::conv2d_forward(s, x, w, nullptr, y32);
+  kernels::conv2d_backward_data(s, dyl, wl, dx16);
+  kernels::conv2d_backward_data(s, dy, w, dx32);
+  kernels::conv2d_backward_weights(s, xl, dyl, dw16, nullptr, false);
+  kernels::conv2d_backward_weights(s, x, dy, dw32, nullptr, false);
+  // Two FP32 sums of the same exact products in different orders differ by at most 2 gamma_K sum |terms|, with
+  // K = 576 (y, dx) or 2 * 56 * 56 = 6272 (dw) and sum |terms| <= K * max|x| * max|w| (|x|, |dy| <= 1, |w| <= 0.1).
+  auto max_diff = [](const Tensor& a, const Tensor& b) {
+    double m = 0.0;
+    for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(static_cast<double>(a.item(i)) - b.item(i)));
+    return m;
+  };
+  EXPECT_LE(max_diff(y16, y32), 2.0 * 578 * 576 * 0.1 / 16777216.0);
+  EXPECT_LE(max_diff(dx16, dx32), 2.0 * 578 * 576 * 0.1 / 16777216.0);
+  EXPECT_LE(max_diff(dw16, dw32), 2.0 * 6274 * 6272 * 1.0 / 16777216.0);
 }
 
 // ---- BatchNorm2d -------------------------------------------------------------------------------------------------
@@ -304,6 +381,42 @@ TEST(Pool2d, MaxPoolKeepsNaN) {
   Tensor x = spread_tensor({1, 1, 2, 2});
   x.data_as<float>()[1] = std::nanf("");
   EXPECT_TRUE(std::isnan(pool.forward(x).item(0)));
+}
+
+// Every window's maximum and where it is, against a plain scan of the window in row-major order (the first of equal
+// maxima, the first NaN), on images wide enough for the kernel's blocks of interior outputs and their edges, with
+// ties (values on a coarse grid) and NaNs, for the ResNet stem's 3/2/1 window and a 2/2/0 one.
+TEST(Pool2d, MaxPoolMatchesAPlainScanWithTiesAndNaNs) {
+  for (const auto& [k, st, pad] : {std::tuple<int64_t, int64_t, int64_t>{3, 2, 1}, {2, 2, 0}, {3, 1, 1}}) {
+    kernels::PoolShape s;
+    s.n = 2, s.c = 3, s.h = 13, s.w = 41, s.kernel = k, s.stride = st, s.pad = pad;
+    Tensor x = random_tensor({2, 3, 13, 41}, 40);
+    float* px = x.data_as<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) px[i] = std::round(px[i] * 4.0f) / 4.0f;  // ties
+    for (int64_t i = 5; i < x.numel(); i += 97) px[i] = std::nanf("");
+    Tensor y = Tensor::empty({2, 3, s.out_h(), s.out_w()}, DType::kFloat32);
+    std::vector<int32_t> arg(static_cast<size_t>(y.numel()));
+    kernels::maxpool2d_forward(s, x, y, arg);
+    for (int64_t r = 0; r < 6; ++r)
+      for (int64_t i = 0; i < s.out_h(); ++i)
+        for (int64_t j = 0; j < s.out_w(); ++j) {
+          float best = 0.0f;
+          int64_t at = -1;
+          for (int64_t a = 0; a < k; ++a)
+            for (int64_t b = 0; b < k; ++b) {
+              const int64_t hi = i * st - pad + a, wi = j * st - pad + b;
+              if (hi < 0 || hi >= s.h || wi < 0 || wi >= s.w) continue;
+              const float v = px[r * s.h * s.w + hi * s.w + wi];
+              if (at < 0 || (!std::isnan(best) && (v > best || std::isnan(v)))) best = v, at = hi * s.w + wi;
+            }
+          const int64_t o = (r * s.out_h() + i) * s.out_w() + j;
+          ASSERT_EQ(arg[static_cast<size_t>(o)], at) << k << st << pad << " " << r << " " << i << " " << j;
+          if (std::isnan(best))
+            ASSERT_TRUE(std::isnan(y.item(o)));
+          else
+            ASSERT_EQ(y.item(o), best);
+        }
+  }
 }
 
 TEST(BasicBlock, GradientsMatchFiniteDifferencesWithDownsampleAndGlobalPool) {

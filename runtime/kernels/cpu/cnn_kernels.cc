@@ -1,8 +1,9 @@
 // CPU implementations of kernels/cnn.h: convolutions through oneDNN's convolution primitives (plain NCHW / OIHW
-// memory, so no reorders at the interface; oneDNN picks its implementation for that layout), BatchNorm and pooling
+// memory at the interface, reordered into the layouts oneDNN chooses for its kernels), BatchNorm and pooling
 // as loops over channels split across the compute threads (cpu/parallel.h: each output element is computed by the
 // same operations for any thread count, so results are bitwise reproducible).
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -13,6 +14,8 @@
 
 #include "runtime/core/error.h"
 #include "runtime/kernels/cnn.h"
+#include "runtime/kernels/cpu/onednn.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/kernels/cpu/parallel.h"
 
 namespace ampdist::kernels {
@@ -41,8 +44,10 @@ void check_numel(const Tensor& t, int64_t n, const char* op, const char* what) {
 // All int64: no padding bytes, so that memcmp and the hash see only the fields (also in the map's copies).
 struct ConvKey {
   ConvShape s;
-  int64_t kind;  // 0 forward, 1 backward data, 2 backward weights
+  int64_t kind;   // 0 forward, 1 backward data, 2 backward weights
   int64_t bias;
+  int64_t dtype;  // the DType the primitive multiplies: FP32 or BF16
+  int64_t out;    // the DType it writes (dst, diff_src): FP32, or BF16 with a BF16 dtype; diff_weights are FP32
   bool operator==(const ConvKey& o) const { return std::memcmp(this, &o, sizeof(ConvKey)) == 0; }
 };
 struct ConvKeyHash {
@@ -53,10 +58,22 @@ struct ConvKeyHash {
     return static_cast<size_t>(h);
   }
 };
+
+// One operand of a primitive: the caller's plain NCHW / OIHW memory and, when the primitive chose another layout
+// (format_tag::any: oneDNN's blocked nChw16c / OIhw16i16o... layouts, where its direct-convolution kernels run), a
+// reorder between the two through a per-thread staging buffer.
+struct Operand {
+  memory user, inner;
+  dnnl::reorder move;  // user -> inner for an input, inner -> user for an output; empty when the layouts agree
+  int role = 0;        // which staging buffer holds `inner`
+  bool reordered() const { return static_cast<bool>(move); }
+};
+
 struct ConvEntry {
   dnnl::primitive prim;
-  memory a, b, c, d;  // forward: src, wei, dst, bias; bwd data: diff_dst, wei, diff_src; bwd weights: src, diff_dst,
-                      // diff_wei, diff_bias
+  // forward: src, wei, dst, bias; bwd data: diff_dst, wei, diff_src; bwd weights: src, diff_dst, diff_wei, diff_bias
+  Operand a, b, c;
+  memory d;
   memory scratch;
   std::vector<unsigned char> scratch_buf;
   std::string impl;
@@ -66,12 +83,28 @@ struct ConvDescs {
   memory::desc src, wei, dst, bias;
   memory::dims strides, dilates, pad_l, pad_r;
 };
-ConvDescs descs(const ConvShape& s) {
+// The caller's layouts: plain NCHW activations and OIHW (or GOIHW) weights. Inputs in `in`, outputs in FP32.
+struct Plain {
+  memory::dims src, wei, dst;
+  tag wei_tag;
+};
+Plain plain(const ConvShape& s) {
+  Plain p;
+  p.src = {s.n, s.c, s.h, s.w};
+  p.dst = {s.n, s.k, s.out_h(), s.out_w()};
+  p.wei = s.groups == 1 ? memory::dims{s.k, s.c, s.kh, s.kw}
+                        : memory::dims{s.groups, s.k / s.groups, s.c / s.groups, s.kh, s.kw};
+  p.wei_tag = s.groups == 1 ? tag::oihw : tag::goihw;
+  return p;
+}
+// The primitive's descriptors: layouts left to oneDNN (any); src, weights (and diff_dst) in `in`; dst and diff_src
+// in `out` (FP32, or BF16: oneDNN rounds its FP32 accumulator once, bias added before), diff_weights FP32; bias FP32.
+ConvDescs descs(const ConvShape& s, dt in, dt out, int kind) {
+  const Plain p = plain(s);
   ConvDescs d;
-  d.src = memory::desc({s.n, s.c, s.h, s.w}, dt::f32, tag::nchw);
-  d.dst = memory::desc({s.n, s.k, s.out_h(), s.out_w()}, dt::f32, tag::nchw);
-  d.wei = s.groups == 1 ? memory::desc({s.k, s.c, s.kh, s.kw}, dt::f32, tag::oihw)
-                        : memory::desc({s.groups, s.k / s.groups, s.c / s.groups, s.kh, s.kw}, dt::f32, tag::goihw);
+  d.src = memory::desc(p.src, kind == 1 ? out : in, tag::any);
+  d.dst = memory::desc(p.dst, kind == 0 ? out : in, tag::any);
+  d.wei = memory::desc(p.wei, kind == 2 ? dt::f32 : in, tag::any);
   d.bias = memory::desc({s.k}, dt::f32, tag::x);
   d.strides = {s.stride, s.stride};
   d.dilates = {s.dilation - 1, s.dilation - 1};  // oneDNN counts the gaps: 0 = a dense kernel
@@ -82,8 +115,9 @@ ConvDescs descs(const ConvShape& s) {
   return d;
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& s, bool bias, const dnnl::primitive_attr& attr) {
-  const ConvDescs d = descs(s);
+dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& s, dt in, dt out, bool bias,
+                                                     const dnnl::primitive_attr& attr) {
+  const ConvDescs d = descs(s, in, out, 0);
   dnnl::convolution_forward::desc fd =
       bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
                                              d.src, d.wei, d.bias, d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
@@ -92,6 +126,24 @@ dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& s, bool bi
   return dnnl::convolution_forward::primitive_desc(fd, attr, engine());
 }
 
+// 64-byte aligned, grown to the largest need, never shrunk.
+struct Staging {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> p;
+  size_t bytes = 0;
+  void* get(size_t n) {
+    if (n > bytes) {
+      const size_t rounded = (n + 63) / 64 * 64;
+      p.reset(std::aligned_alloc(64, rounded));
+      if (!p) throw Error("conv2d: cannot allocate " + std::to_string(rounded) + " bytes of staging memory");
+      bytes = rounded;
+    }
+    return p.get();
+  }
+};
+
 struct ConvState {
 #if defined(AMPDIST_ENGINE_SINGLE_THREAD)
   // As for the matmuls (cpu/onednn.cc): TSan cannot see libgomp's barriers, so oneDNN runs on the calling thread.
@@ -99,6 +151,8 @@ struct ConvState {
 #endif
   std::unordered_map<ConvKey, std::unique_ptr<ConvEntry>, ConvKeyHash> cache;
   dnnl::stream stream{engine()};
+  Staging staging[3];      // one per operand role (a, b, c) of the primitive running
+  Staging widened[3];      // 16-bit operands widened to FP32 when the primitive multiplies FP32
 };
 ConvState& conv_state() {
   thread_local ConvState s;
@@ -116,43 +170,62 @@ void validate(const ConvShape& s) {
                 std::to_string(s.groups));
 }
 
-ConvEntry& conv_entry(const ConvShape& s, int kind, bool bias) {
-  ConvKey key;
+Operand operand(const memory::desc& chosen, const memory::dims& dims, dt type, tag t, bool input, int role) {
+  Operand o;
+  const memory::desc user_md(dims, type, t);
+  o.user = memory(user_md, engine(), DNNL_MEMORY_NONE);
+  o.role = role;
+  if (chosen == user_md) {
+    o.inner = o.user;
+    return o;
+  }
+  o.inner = memory(chosen, engine(), DNNL_MEMORY_NONE);
+  o.move = input ? dnnl::reorder(o.user, o.inner) : dnnl::reorder(o.inner, o.user);
+  return o;
+}
+
+ConvEntry& conv_entry(const ConvShape& s, int kind, bool bias, DType dtype, DType out_dtype) {
+  ConvKey key;  // every field is an int64 (no padding), all set below
   key.s = s;
   key.kind = kind;
   key.bias = bias;
+  key.dtype = static_cast<int64_t>(dtype);
+  key.out = static_cast<int64_t>(out_dtype);
   ConvState& st = conv_state();
   auto it = st.cache.find(key);
   if (it != st.cache.end()) return *it->second;
   validate(s);
+  const dt in = dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
+  const dt out = out_dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
+  const Plain p = plain(s);
   auto e = std::make_unique<ConvEntry>();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const ConvDescs d = descs(s);
+  const ConvDescs d = descs(s, in, out, kind);
   memory::desc scratch_md;
   try {
     if (kind == 0) {
-      auto pd = forward_pd(s, bias, attr);
+      auto pd = forward_pd(s, in, out, bias, attr);
       e->prim = dnnl::convolution_forward(pd);
       e->impl = pd.impl_info_str();
       scratch_md = pd.scratchpad_desc();
-      e->a = memory(d.src, engine(), DNNL_MEMORY_NONE);
-      e->b = memory(d.wei, engine(), DNNL_MEMORY_NONE);
-      e->c = memory(d.dst, engine(), DNNL_MEMORY_NONE);
+      e->a = operand(pd.src_desc(), p.src, in, tag::nchw, true, 0);
+      e->b = operand(pd.weights_desc(), p.wei, in, p.wei_tag, true, 1);
+      e->c = operand(pd.dst_desc(), p.dst, out, tag::nchw, false, 2);
       e->d = memory(d.bias, engine(), DNNL_MEMORY_NONE);
     } else if (kind == 1) {
-      const auto hint = forward_pd(s, false, dnnl::primitive_attr());
+      const auto hint = forward_pd(s, in, in, false, dnnl::primitive_attr());
       dnnl::convolution_backward_data::desc bd(dnnl::algorithm::convolution_direct, d.src, d.wei, d.dst, d.strides,
                                                d.dilates, d.pad_l, d.pad_r);
       dnnl::convolution_backward_data::primitive_desc pd(bd, attr, engine(), hint);
       e->prim = dnnl::convolution_backward_data(pd);
       e->impl = pd.impl_info_str();
       scratch_md = pd.scratchpad_desc();
-      e->a = memory(d.dst, engine(), DNNL_MEMORY_NONE);
-      e->b = memory(d.wei, engine(), DNNL_MEMORY_NONE);
-      e->c = memory(d.src, engine(), DNNL_MEMORY_NONE);
+      e->a = operand(pd.diff_dst_desc(), p.dst, in, tag::nchw, true, 0);
+      e->b = operand(pd.weights_desc(), p.wei, in, p.wei_tag, true, 1);
+      e->c = operand(pd.diff_src_desc(), p.src, out, tag::nchw, false, 2);
     } else {
-      const auto hint = forward_pd(s, bias, dnnl::primitive_attr());
+      const auto hint = forward_pd(s, in, in, bias, dnnl::primitive_attr());
       dnnl::convolution_backward_weights::desc wd =
           bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, d.src, d.wei, d.bias,
                                                           d.dst, d.strides, d.dilates, d.pad_l, d.pad_r)
@@ -162,74 +235,142 @@ ConvEntry& conv_entry(const ConvShape& s, int kind, bool bias) {
       e->prim = dnnl::convolution_backward_weights(pd);
       e->impl = pd.impl_info_str();
       scratch_md = pd.scratchpad_desc();
-      e->a = memory(d.src, engine(), DNNL_MEMORY_NONE);
-      e->b = memory(d.dst, engine(), DNNL_MEMORY_NONE);
-      e->c = memory(d.wei, engine(), DNNL_MEMORY_NONE);
+      e->a = operand(pd.src_desc(), p.src, in, tag::nchw, true, 0);
+      e->b = operand(pd.diff_dst_desc(), p.dst, in, tag::nchw, true, 1);
+      e->c = operand(pd.diff_weights_desc(), p.wei, dt::f32, p.wei_tag, false, 2);
       e->d = memory(d.bias, engine(), DNNL_MEMORY_NONE);
     }
   } catch (const dnnl::error& err) {
     throw Error(std::string("conv2d: oneDNN has no ") +
-                (kind == 0 ? "forward" : kind == 1 ? "backward-data" : "backward-weights") +
-                " convolution for this shape: " + err.what());
+                (kind == 0 ? "forward" : kind == 1 ? "backward-data" : "backward-weights") + " " +
+                (in == dt::bf16 ? "bf16" : "f32") + " convolution for this shape: " + err.what());
   }
   e->scratch_buf.resize(scratch_md.get_size());
   e->scratch = memory(scratch_md, engine(), e->scratch_buf.empty() ? nullptr : e->scratch_buf.data());
   return *st.cache.emplace(key, std::move(e)).first->second;
 }
 
-}  // namespace
-
-void conv2d_forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
-  check_cpu_f32(x, "conv2d", "x");
-  check_cpu_f32(w, "conv2d", "weight");
-  check_cpu_f32(y, "conv2d", "y");
-  check_numel(x, s.n * s.c * s.h * s.w, "conv2d", "x");
-  check_numel(w, s.k * (s.c / std::max<int64_t>(s.groups, 1)) * s.kh * s.kw, "conv2d", "weight");
-  check_numel(y, s.n * s.k * s.out_h() * s.out_w(), "conv2d", "y");
-  if (s.n == 0) return;
-  ConvEntry& e = conv_entry(s, 0, bias != nullptr);
-  e.a.set_data_handle(const_cast<void*>(x.data()));
-  e.b.set_data_handle(const_cast<void*>(w.data()));
-  e.c.set_data_handle(y.data());
-  std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}, {DNNL_ARG_SCRATCHPAD, e.scratch}};
-  if (bias) {
-    check_cpu_f32(*bias, "conv2d", "bias");
-    check_numel(*bias, s.k, "conv2d", "bias");
-    e.d.set_data_handle(const_cast<void*>(bias->data()));
-    args.emplace(DNNL_ARG_BIAS, e.d);
+// The dtype the convolution multiplies in for 16-bit operands of `d`: BF16 natively where oneDNN has bf16 kernels
+// for this CPU (AVX512-BF16 or AMX), else FP32 after an exact widening (fp16 always: oneDNN 2.6 has no fp16
+// convolution on the CPU).
+DType compute_dtype(DType d) {
+  if (d == DType::kBFloat16) {
+    static const bool native = cpu::onednn::native_bf16();
+    return native ? DType::kBFloat16 : DType::kFloat32;
   }
+  return DType::kFloat32;
+}
+
+void check_input(const Tensor& t, DType want, int64_t n, const char* op, const char* what) {
+  if (t.device() != Device::kCPU)
+    throw Error(std::string(op) + ": " + what + " must be a tensor on the CPU, got one on the GPU");
+  if (t.dtype() != want)
+    throw Error(std::string(op) + ": " + what + " is " + dtype_name(t.dtype()) + ", expected " + dtype_name(want) +
+                " (the operands of one convolution share a dtype)");
+  check_numel(t, n, op, what);
+}
+
+// The pointer a primitive reads for input `t`: the tensor itself, or its exact FP32 widening in `buf`.
+const void* input_data(const Tensor& t, DType compute, Staging& buf) {
+  if (t.dtype() == compute) return t.data();
+  float* w = static_cast<float*>(buf.get(static_cast<size_t>(t.numel()) * sizeof(float)));
+  Tensor view = Tensor::view(w, t.shape(), DType::kFloat32, Device::kCPU);
+  cast(t, view);
+  return w;
+}
+
+// An output: FP32, or the inputs' 16-bit dtype (rounded once from the FP32 result).
+void check_output(const Tensor& t, DType in, int64_t n, const char* op, const char* what) {
+  if (t.device() != Device::kCPU || (t.dtype() != DType::kFloat32 && t.dtype() != in))
+    throw Error(std::string(op) + ": " + what + " must be FP32 or " + dtype_name(in) + " on the CPU, got " +
+                dtype_name(t.dtype()) + (t.device() == Device::kCPU ? "" : " on the GPU"));
+  check_numel(t, n, op, what);
+}
+// Where the primitive writes output `t`: t itself when it writes t's dtype, else an FP32 staging buffer that
+// round_output then rounds into t (once, round to nearest even: kernels::cast).
+void* output_data(Tensor& t, DType written, Staging& buf) {
+  if (t.dtype() == written) return t.data();
+  return buf.get(static_cast<size_t>(t.numel()) * sizeof(float));
+}
+void round_output(Tensor& t, DType written, Staging& buf) {
+  if (t.dtype() == written) return;
+  const Tensor f32 = Tensor::view(buf.get(0), t.shape(), DType::kFloat32, Device::kCPU);
+  cast(f32, t);
+}
+
+// Runs e's primitive on the caller's buffers: reorders into the chosen layouts, the primitive, the reorder out.
+void run(ConvEntry& e, const void* a, const void* b, void* c, std::unordered_map<int, memory> args, int arg_a,
+         int arg_b, int arg_c) {
   ConvState& st = conv_state();
+  Operand* ops[3] = {&e.a, &e.b, &e.c};
+  void* user[3] = {const_cast<void*>(a), const_cast<void*>(b), c};
+  for (int i = 0; i < 3; ++i) {
+    Operand& o = *ops[i];
+    o.user.set_data_handle(user[i]);
+    if (o.reordered()) o.inner.set_data_handle(st.staging[o.role].get(o.inner.get_desc().get_size()));
+  }
+  for (int i = 0; i < 2; ++i)
+    if (ops[i]->reordered()) ops[i]->move.execute(st.stream, ops[i]->user, ops[i]->inner);
+  args[arg_a] = e.a.inner;
+  args[arg_b] = e.b.inner;
+  args[arg_c] = e.c.inner;
+  args[DNNL_ARG_SCRATCHPAD] = e.scratch;
   e.prim.execute(st.stream, args);
+  if (e.c.reordered()) e.c.move.execute(st.stream, e.c.inner, e.c.user);
   st.stream.wait();
 }
 
-void conv2d_backward_data(const ConvShape& s, const Tensor& dy, const Tensor& w, Tensor& dx) {
-  check_cpu_f32(dy, "conv2d backward", "dy");
-  check_cpu_f32(w, "conv2d backward", "weight");
-  check_cpu_f32(dx, "conv2d backward", "dx");
-  check_numel(dy, s.n * s.k * s.out_h() * s.out_w(), "conv2d backward", "dy");
-  check_numel(dx, s.n * s.c * s.h * s.w, "conv2d backward", "dx");
+int64_t weight_numel(const ConvShape& s) { return s.k * (s.c / std::max<int64_t>(s.groups, 1)) * s.kh * s.kw; }
+
+}  // namespace
+
+void conv2d_forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  check_input(x, x.dtype(), s.n * s.c * s.h * s.w, "conv2d", "x");
+  check_input(w, x.dtype(), weight_numel(s), "conv2d", "weight");
+  check_output(y, x.dtype(), s.n * s.k * s.out_h() * s.out_w(), "conv2d", "y");
+  if (bias) {
+    check_cpu_f32(*bias, "conv2d", "bias");
+    check_numel(*bias, s.k, "conv2d", "bias");
+  }
   if (s.n == 0) return;
-  ConvEntry& e = conv_entry(s, 1, false);
-  e.a.set_data_handle(const_cast<void*>(dy.data()));
-  e.b.set_data_handle(const_cast<void*>(w.data()));
-  e.c.set_data_handle(dx.data());
+  const DType cd = compute_dtype(x.dtype());
+  const DType od = y.dtype() == cd ? cd : DType::kFloat32;
+  ConvEntry& e = conv_entry(s, 0, bias != nullptr, cd, od);
   ConvState& st = conv_state();
-  e.prim.execute(st.stream, {{DNNL_ARG_DIFF_DST, e.a},
-                             {DNNL_ARG_WEIGHTS, e.b},
-                             {DNNL_ARG_DIFF_SRC, e.c},
-                             {DNNL_ARG_SCRATCHPAD, e.scratch}});
-  st.stream.wait();
+  std::unordered_map<int, memory> args;
+  if (bias) {
+    e.d.set_data_handle(const_cast<void*>(bias->data()));
+    args.emplace(DNNL_ARG_BIAS, e.d);
+  }
+  run(e, input_data(x, cd, st.widened[0]), input_data(w, cd, st.widened[1]), output_data(y, od, st.widened[2]),
+      std::move(args), DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST);
+  round_output(y, od, st.widened[2]);
+}
+
+void conv2d_backward_data(const ConvShape& s, const Tensor& dy, const Tensor& w, Tensor& dx) {
+  check_input(dy, dy.dtype(), s.n * s.k * s.out_h() * s.out_w(), "conv2d backward", "dy");
+  check_input(w, dy.dtype(), weight_numel(s), "conv2d backward", "weight");
+  check_output(dx, dy.dtype(), s.n * s.c * s.h * s.w, "conv2d backward", "dx");
+  if (s.n == 0) return;
+  const DType cd = compute_dtype(dy.dtype());
+  const DType od = dx.dtype() == cd ? cd : DType::kFloat32;
+  ConvEntry& e = conv_entry(s, 1, false, cd, od);
+  ConvState& st = conv_state();
+  run(e, input_data(dy, cd, st.widened[0]), input_data(w, cd, st.widened[1]), output_data(dx, od, st.widened[2]),
+      {}, DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC);
+  round_output(dx, od, st.widened[2]);
 }
 
 void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor* dbias,
                              bool accumulate) {
-  check_cpu_f32(x, "conv2d weight gradient", "x");
-  check_cpu_f32(dy, "conv2d weight gradient", "dy");
+  check_input(x, x.dtype(), s.n * s.c * s.h * s.w, "conv2d weight gradient", "x");
+  check_input(dy, x.dtype(), s.n * s.k * s.out_h() * s.out_w(), "conv2d weight gradient", "dy");
   check_cpu_f32(dw, "conv2d weight gradient", "dw");
-  check_numel(x, s.n * s.c * s.h * s.w, "conv2d weight gradient", "x");
-  check_numel(dy, s.n * s.k * s.out_h() * s.out_w(), "conv2d weight gradient", "dy");
+  check_numel(dw, weight_numel(s), "conv2d weight gradient", "dw");
+  if (dbias) {
+    check_cpu_f32(*dbias, "conv2d weight gradient", "dbias");
+    check_numel(*dbias, s.k, "conv2d weight gradient", "dbias");
+  }
   if (s.n == 0) {
     if (!accumulate) {
       std::memset(dw.data(), 0, dw.nbytes());
@@ -237,7 +378,9 @@ void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& 
     }
     return;
   }
-  ConvEntry& e = conv_entry(s, 2, dbias != nullptr);
+  const DType cd = compute_dtype(x.dtype());
+  ConvEntry& e = conv_entry(s, 2, dbias != nullptr, cd, DType::kFloat32);
+  ConvState& st = conv_state();
   // oneDNN writes the gradient; a later micro-batch's is computed aside and added in FP32.
   thread_local std::vector<float> tmp_w, tmp_b;
   float* wout = dw.data_as<float>();
@@ -250,21 +393,13 @@ void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& 
       bout = tmp_b.data();
     }
   }
-  e.a.set_data_handle(const_cast<void*>(x.data()));
-  e.b.set_data_handle(const_cast<void*>(dy.data()));
-  e.c.set_data_handle(wout);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, e.a},
-                                       {DNNL_ARG_DIFF_DST, e.b},
-                                       {DNNL_ARG_DIFF_WEIGHTS, e.c},
-                                       {DNNL_ARG_SCRATCHPAD, e.scratch}};
+  std::unordered_map<int, memory> args;
   if (dbias) {
-    check_cpu_f32(*dbias, "conv2d weight gradient", "dbias");
     e.d.set_data_handle(bout);
     args.emplace(DNNL_ARG_DIFF_BIAS, e.d);
   }
-  ConvState& st = conv_state();
-  e.prim.execute(st.stream, args);
-  st.stream.wait();
+  run(e, input_data(x, cd, st.widened[0]), input_data(dy, cd, st.widened[1]), wout, std::move(args), DNNL_ARG_SRC,
+      DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS);
   if (accumulate) {
     float* g = dw.data_as<float>();
     for (int64_t i = 0; i < dw.numel(); ++i) g[i] += tmp_w[static_cast<size_t>(i)];
@@ -275,7 +410,10 @@ void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& 
   }
 }
 
-std::string conv2d_implementation(const ConvShape& s) { return conv_entry(s, 0, false).impl; }
+std::string conv2d_implementation(const ConvShape& s, DType dtype) {
+  const DType cd = compute_dtype(dtype);
+  return conv_entry(s, 0, false, cd, cd).impl;
+}
 
 // ---- BatchNorm ------------------------------------------------------------------------------------------------
 
@@ -283,31 +421,60 @@ namespace {
 struct Nchw {
   int64_t n, c, hw;
 };
+// x: FP32, or the 16-bit working dtype it came in (read as FP32: every 16-bit value is an FP32 value).
 Nchw nchw(const Tensor& x, const char* op) {
-  check_cpu_f32(x, op, "x");
+  if (x.device() != Device::kCPU) throw Error(std::string(op) + ": x must be a tensor on the CPU, got one on the GPU");
   if (x.ndim() != 4) throw Error(std::string(op) + ": x " + shape_str(x.shape()) + " is not [N, C, H, W]");
   return {x.dim(0), x.dim(1), x.dim(2) * x.dim(3)};
+}
+void check_same_numel(const Tensor& t, const Tensor& x, const char* op, const char* what) {
+  if (t.device() != Device::kCPU)
+    throw Error(std::string(op) + ": " + what + " must be a tensor on the CPU, got one on the GPU");
+  check_numel(t, x.numel(), op, what);
+}
+template <typename T>
+inline double as_double(T v) {
+  return static_cast<double>(static_cast<float>(v));
+}
+// Sums over one channel's planes in double with kLanes independent partial sums (element i goes to lane i mod
+// kLanes, the lanes added in order at the end): a fixed order for any thread count, and no serial chain of double
+// additions (one add's latency per element) on the critical path.
+constexpr int kLanes = 8;
+template <typename F>
+void channel_sums(const Nchw& d, int64_t c, F&& term, double& out_a, double& out_b) {
+  double a[kLanes] = {}, b[kLanes] = {};
+  for (int64_t n = 0; n < d.n; ++n) {
+    const int64_t off = (n * d.c + c) * d.hw;
+    int64_t i = 0;
+    for (; i + kLanes <= d.hw; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) term(off + i + l, a[l], b[l]);
+    for (int l = 0; i < d.hw; ++i, ++l) term(off + i, a[l], b[l]);
+  }
+  out_a = out_b = 0.0;
+  for (int l = 0; l < kLanes; ++l) {
+    out_a += a[l];
+    out_b += b[l];
+  }
 }
 }  // namespace
 
 void batchnorm_sums(const Tensor& x, std::span<double> sums) {
   const Nchw d = nchw(x, "batchnorm");
   if (static_cast<int64_t>(sums.size()) != 2 * d.c) throw Error("batchnorm: sums must hold 2C doubles");
-  const float* px = x.data_as<float>();
-  cpu::parallel_ranges(d.c, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      double s = 0.0, q = 0.0;
-      for (int64_t n = 0; n < d.n; ++n) {
-        const float* p = px + (n * d.c + c) * d.hw;
-        for (int64_t i = 0; i < d.hw; ++i) {
-          const double v = p[i];
-          s += v;
-          q += v * v;
-        }
-      }
-      sums[static_cast<size_t>(c)] = s;
-      sums[static_cast<size_t>(d.c + c)] = q;
-    }
+  dispatch_dtype(x.dtype(), [&](auto tag_x) {
+    using T = decltype(tag_x);
+    const T* px = x.data_as<T>();
+    cpu::parallel_ranges(d.c, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c)
+        channel_sums(
+            d, c,
+            [&](int64_t i, double& s, double& q) {
+              const double v = as_double(px[i]);
+              s += v;
+              q += v * v;
+            },
+            sums[static_cast<size_t>(c)], sums[static_cast<size_t>(d.c + c)]);
+    });
   });
 }
 
@@ -320,66 +487,81 @@ void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd, 
     check_cpu_f32(*t, "batchnorm", "a per-channel tensor");
     check_numel(*t, d.c, "batchnorm", "a per-channel tensor");
   }
-  const float *px = x.data_as<float>(), *pm = mean.data_as<float>(), *pi = invstd.data_as<float>(),
-              *pg = gamma.data_as<float>(), *pb = beta.data_as<float>();
+  const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>(), *pg = gamma.data_as<float>(),
+              *pb = beta.data_as<float>();
   float* py = y.data_as<float>();
-  cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t c = r % d.c;
-      const float scale = pi[c] * pg[c], m = pm[c], b = pb[c];
-      const float* p = px + r * d.hw;
-      float* q = py + r * d.hw;
-      for (int64_t i = 0; i < d.hw; ++i) q[i] = (p[i] - m) * scale + b;
-    }
+  dispatch_dtype(x.dtype(), [&](auto tag_x) {
+    using T = decltype(tag_x);
+    const T* px = x.data_as<T>();
+    cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t c = r % d.c;
+        const float scale = pi[c] * pg[c], m = pm[c], b = pb[c];
+        const T* p = px + r * d.hw;
+        float* q = py + r * d.hw;
+        for (int64_t i = 0; i < d.hw; ++i) q[i] = (static_cast<float>(p[i]) - m) * scale + b;
+      }
+    });
   });
 }
 
 void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                              std::span<double> sums) {
   const Nchw d = nchw(x, "batchnorm backward");
-  check_cpu_f32(dy, "batchnorm backward", "dy");
-  check_numel(dy, x.numel(), "batchnorm backward", "dy");
+  check_same_numel(dy, x, "batchnorm backward", "dy");
   if (static_cast<int64_t>(sums.size()) != 2 * d.c) throw Error("batchnorm backward: sums must hold 2C doubles");
-  const float *px = x.data_as<float>(), *pd = dy.data_as<float>(), *pm = mean.data_as<float>(),
-              *pi = invstd.data_as<float>();
-  cpu::parallel_ranges(d.c, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      double s = 0.0, sx = 0.0;
-      const double m = pm[c], is = pi[c];
-      for (int64_t n = 0; n < d.n; ++n) {
-        const int64_t off = (n * d.c + c) * d.hw;
-        for (int64_t i = 0; i < d.hw; ++i) {
-          const double g = pd[off + i];
-          s += g;
-          sx += g * (px[off + i] - m) * is;
+  const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>();
+  dispatch_dtype(x.dtype(), [&](auto tag_x) {
+    using T = decltype(tag_x);
+    dispatch_dtype(dy.dtype(), [&](auto tag_dy) {
+      using G = decltype(tag_dy);
+      const T* px = x.data_as<T>();
+      const G* pd = dy.data_as<G>();
+      cpu::parallel_ranges(d.c, 1, [&](int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const double m = pm[c], is = pi[c];
+          channel_sums(
+              d, c,
+              [&](int64_t i, double& s, double& sx) {
+                const double g = as_double(pd[i]);
+                s += g;
+                sx += g * (as_double(px[i]) - m) * is;
+              },
+              sums[static_cast<size_t>(c)], sums[static_cast<size_t>(d.c + c)]);
         }
-      }
-      sums[static_cast<size_t>(c)] = s;
-      sums[static_cast<size_t>(d.c + c)] = sx;
-    }
+      });
+    });
   });
 }
 
 void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                            const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx) {
   const Nchw d = nchw(x, "batchnorm backward");
+  check_same_numel(dy, x, "batchnorm backward", "dy");
   check_cpu_f32(dx, "batchnorm backward", "dx");
   check_numel(dx, x.numel(), "batchnorm backward", "dx");
-  const float *px = x.data_as<float>(), *pd = dy.data_as<float>(), *pm = mean.data_as<float>(),
-              *pi = invstd.data_as<float>(), *pg = gamma.data_as<float>();
+  const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>(), *pg = gamma.data_as<float>();
   float* out = dx.data_as<float>();
-  cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t c = r % d.c;
-      const double is = pi[c], k = pg[c] * is, m = pm[c];
-      const double mean_dy = count > 0 ? sums[static_cast<size_t>(c)] / count : 0.0;
-      const double mean_dyx = count > 0 ? sums[static_cast<size_t>(d.c + c)] / count : 0.0;
-      const float* p = px + r * d.hw;
-      const float* g = pd + r * d.hw;
-      float* q = out + r * d.hw;
-      for (int64_t i = 0; i < d.hw; ++i)
-        q[i] = static_cast<float>(k * (g[i] - mean_dy - (p[i] - m) * is * mean_dyx));
-    }
+  dispatch_dtype(x.dtype(), [&](auto tag_x) {
+    using T = decltype(tag_x);
+    dispatch_dtype(dy.dtype(), [&](auto tag_dy) {
+      using G = decltype(tag_dy);
+      const T* px = x.data_as<T>();
+      const G* pd = dy.data_as<G>();
+      cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t c = r % d.c;
+          const double is = pi[c], k = pg[c] * is, m = pm[c];
+          const double mean_dy = count > 0 ? sums[static_cast<size_t>(c)] / count : 0.0;
+          const double mean_dyx = count > 0 ? sums[static_cast<size_t>(d.c + c)] / count : 0.0;
+          const T* p = px + r * d.hw;
+          const G* g = pd + r * d.hw;
+          float* q = out + r * d.hw;
+          for (int64_t i = 0; i < d.hw; ++i)
+            q[i] = static_cast<float>(k * (as_double(g[i]) - mean_dy - (as_double(p[i]) - m) * is * mean_dyx));
+        }
+      });
+    });
   });
 }
 
@@ -407,28 +589,60 @@ void maxpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y, std::span
   cpu::parallel_ranges(s.n * s.c, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* p = px + r * s.h * s.w;
-      for (int64_t i = 0; i < oh; ++i)
-        for (int64_t j = 0; j < ow; ++j) {
-          float best = -std::numeric_limits<float>::infinity();
-          int32_t at = -1;
-          for (int64_t a = 0; a < s.kernel; ++a) {
-            const int64_t hi = i * s.stride - s.pad + a;
-            if (hi < 0 || hi >= s.h) continue;
-            for (int64_t b = 0; b < s.kernel; ++b) {
-              const int64_t wi = j * s.stride - s.pad + b;
-              if (wi < 0 || wi >= s.w) continue;
-              const float v = p[hi * s.w + wi];
-              // The first NaN of a window stays its maximum.
-              if (at < 0 || v > best || (std::isnan(v) && !std::isnan(best))) {
-                best = v;
-                at = static_cast<int32_t>(hi * s.w + wi);
-              }
-            }
+      for (int64_t i = 0; i < oh; ++i) {
+        // The window's rows and columns inside the image (padding is never the maximum, as in PyTorch).
+        const int64_t h0 = std::max<int64_t>(0, i * s.stride - s.pad);
+        const int64_t h1 = std::min<int64_t>(s.h, i * s.stride - s.pad + s.kernel);
+        // Outputs whose window lies inside the image horizontally: j in [j_lo, j_hi).
+        const int64_t j_lo = std::min<int64_t>(ow, (s.pad + s.stride - 1) / s.stride);
+        const int64_t j_hi = std::max<int64_t>(j_lo, std::min<int64_t>(ow, (s.w + s.pad - s.kernel) / s.stride + 1));
+        const int64_t row = (r * oh + i) * ow;
+        int64_t j = j_lo;
+        // Eight outputs at a time, each window scanned in the same (row-major) order as below: eight independent
+        // compare-select chains instead of one serial chain per window.
+        constexpr int kBlock = 8;
+        for (; j + kBlock <= j_hi; j += kBlock) {
+          float best[kBlock];
+          int64_t at[kBlock];
+          for (int l = 0; l < kBlock; ++l) {
+            at[l] = h0 * s.w + (j + l) * s.stride - s.pad;
+            best[l] = p[at[l]];
           }
-          const int64_t o = (r * oh + i) * ow + j;
-          py[o] = best;
-          argmax[static_cast<size_t>(o)] = at;
+          for (int64_t hi = h0; hi < h1; ++hi)
+            for (int64_t b = 0; b < s.kernel; ++b)
+              for (int l = 0; l < kBlock; ++l) {
+                const int64_t idx = hi * s.w + (j + l) * s.stride - s.pad + b;
+                const float v = p[idx];
+                const bool take = !(v <= best[l]) & (best[l] == best[l]);
+                best[l] = take ? v : best[l];
+                at[l] = take ? idx : at[l];
+              }
+          for (int l = 0; l < kBlock; ++l) {
+            py[row + j + l] = best[l];
+            argmax[static_cast<size_t>(row + j + l)] = static_cast<int32_t>(at[l]);
+          }
         }
+        auto one = [&](int64_t j) {
+          const int64_t w0 = std::max<int64_t>(0, j * s.stride - s.pad);
+          const int64_t w1 = std::min<int64_t>(s.w, j * s.stride - s.pad + s.kernel);
+          int64_t at = h0 * s.w + w0;
+          float best = p[at];
+          for (int64_t hi = h0; hi < h1; ++hi)
+            for (int64_t wi = w0; wi < w1; ++wi) {
+              const float v = p[hi * s.w + wi];
+              // Larger, or the window's first NaN (a NaN maximum then stays: nothing compares above it). Selected
+              // without a branch: which element wins is data-dependent and would mispredict half the time.
+              const bool take = !(v <= best) & (best == best);
+              best = take ? v : best;
+              at = take ? hi * s.w + wi : at;
+            }
+          const int64_t o = row + j;
+          py[o] = best;
+          argmax[static_cast<size_t>(o)] = static_cast<int32_t>(at);
+        };
+        for (int64_t jj = 0; jj < j_lo; ++jj) one(jj);
+        for (; j < ow; ++j) one(j);
+      }
     }
   });
 }
