@@ -44,7 +44,7 @@ BIN=$BUILD_DIR/bench
 MAIN_CFG=$ROOT/configs/fashion_mnist_mlp.pbtxt
 BIG_CFG=$ROOT/bench/configs/mlp_100m.pbtxt
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIRUN=(mpirun -q --oversubscribe)
+MPIRUN=(mpirun -q --oversubscribe --bind-to none)  # no binding: a 1-rank row runs nproc threads, as PyTorch does
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "run_all: $*"; exit 1; }

@@ -74,6 +74,12 @@ def main():
                           "global_batch": args.batch, "steps": args.steps, "seconds": dt,
                           "images_per_s": args.steps * args.batch / dt, "torch": torch.__version__,
                           "torchvision": torchvision.__version__}))
+    if world > 1:
+        # Both ranks are done once past this barrier; leave without tearing gloo and DDP down (that teardown can
+        # hang a rank whose peer has already exited, as bench/torch_gpt.py found).
+        sys.stdout.flush()
+        dist.barrier()
+        os._exit(0)
 
 
 if __name__ == "__main__":

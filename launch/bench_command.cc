@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <iostream>
 
+#include "launch/rank_env.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/obs/phase_timer.h"
 #include "runtime/train/config.h"
 #include "runtime/train/loop.h"
@@ -86,6 +88,9 @@ int run_bench_command(const BenchArgs& args, MpiCommunicator& comm) {
     if (comm.rank() == 0) std::fprintf(stderr, "ampdist: error: %s\n", message.empty() ? "set-up failed on another rank" : message.c_str());
     return static_cast<int>(v[0]);
   }
+
+  const std::string binding = thread_binding_hint(trainer->threads(), kernels::available_cpus());
+  if (!binding.empty() && comm.rank() == 0) std::cout << "warning: " << binding << "\n" << std::flush;
 
   // The state is read only at the loop's due steps, as in training: on the GPU the steps queue without waiting.
   trainer->set_state_reads(StateReads::kDueSteps);

@@ -128,4 +128,13 @@ std::string describe_launcher() {
 
 std::string launcher_mismatch(int mpi_world_size) { return launch_hint(read_launcher_env(), mpi_world_size); }
 
+std::string thread_binding_hint(int threads, int cpus) {
+  if (threads <= cpus) return "";
+  return "train.threads_per_rank is " + std::to_string(threads) + " but this rank may run on " + std::to_string(cpus) +
+         " CPU" + (cpus == 1 ? "" : "s") +
+         " (its affinity mask): the threads take turns. mpirun binds each rank to one core when it starts 2 or fewer "
+         "ranks; pass `mpirun --bind-to none` (or --map-by slot:PE=" +
+         std::to_string(threads) + "), or srun --cpus-per-task=" + std::to_string(threads) + ".";
+}
+
 }  // namespace ampdist

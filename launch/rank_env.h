@@ -60,4 +60,9 @@ std::string describe_launcher();
 // launch_hint() for the current environment (the train command prints it as a warning).
 std::string launcher_mismatch(int mpi_world_size);
 
+// A warning when a rank runs more compute threads than the CPUs its affinity mask allows (`cpus`, from
+// kernels::available_cpus()): the threads would take turns on those CPUs. Names the usual cause (mpirun binds each
+// rank to one core when it starts 2 or fewer ranks) and its fix. "" when threads <= cpus.
+std::string thread_binding_hint(int threads, int cpus);
+
 }  // namespace ampdist

@@ -14,6 +14,7 @@
 #include "comm/nccl_communicator.h"
 #include "launch/rank_env.h"
 #include "runtime/core/device.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/train/config.h"
 #include "runtime/train/lint.h"
@@ -220,6 +221,8 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     const std::string mismatch = launcher_mismatch(comm.world_size());
     if (!mismatch.empty()) std::cout << "warning: " << mismatch << "\n";
     for (const std::string& w : lint_model(*trainer)) std::cout << "warning: " << w << "\n";
+    const std::string binding = thread_binding_hint(trainer->threads(), kernels::available_cpus());
+    if (!binding.empty()) std::cout << "warning: " << binding << "\n";
     if (!resumed_from.empty())
       std::cout << "resumed from " << resumed_from << "\n";
     else if (args.resume == "auto")

@@ -108,4 +108,8 @@ namespace ampdist::kernels {
 // Threads the CPU kernels (oneDNN's OpenMP team) use for the calling thread's GEMMs; threads < 1 counts as 1.
 void set_num_threads(int threads);
 int num_threads();
+// The CPUs this process may run on: its affinity mask (sched_getaffinity), which a launcher narrows when it binds
+// ranks (mpirun binds each rank to one core when it starts 2 or fewer, to a socket above that; srun --cpu-bind);
+// std::thread::hardware_concurrency() where the mask cannot be read.
+int available_cpus();
 }  // namespace ampdist::kernels

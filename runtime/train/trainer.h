@@ -113,6 +113,8 @@ class Trainer {
   void set_run_id(const std::string& id) { run_id_ = id; }
   int64_t steps_per_epoch() const;
   int64_t total_steps() const { return total_steps_; }
+  // The CPU kernels' threads for this rank (train.threads_per_rank, or its default).
+  int threads() const { return threads_; }
   int64_t epoch_of(int64_t iteration) const;  // 0-based epoch of a 1-based iteration
   DType working_dtype() const { return masters_->working_dtype(); }
   // Where the step runs: the communicator's device (CPU with MpiCommunicator, the current GPU with NcclCommunicator).
@@ -201,6 +203,7 @@ class Trainer {
   FaultHook faults_;
   StateReads reads_ = StateReads::kEveryStep;
   int64_t micro_batch_ = 0, total_steps_ = 0, iteration_ = 0;
+  int threads_ = 1;
   GradContext grad_ctx_;
   bool final_micro_ = false;
   double host_loss_since_read_ = 0.0;  // losses of criteria without the state path, since the last read

@@ -119,5 +119,18 @@ TEST(EnvVersions, DecodesCudaAndNcclCodes) {
   EXPECT_EQ(nccl_version_string(2804), "2.8.4");    // before 2.9: 1000*major + 100*minor + patch
 }
 
+// More compute threads than CPUs in the rank's affinity mask (mpirun's default binding of 1 or 2 ranks to a core
+// each): one warning naming both counts and the launcher flags that fix it; none when the threads fit.
+TEST(ThreadBinding, WarnsWhenThreadsExceedTheAffinityMask) {
+  EXPECT_EQ(thread_binding_hint(1, 1), "");
+  EXPECT_EQ(thread_binding_hint(2, 8), "");
+  const std::string w = thread_binding_hint(2, 1);
+  EXPECT_NE(w.find("threads_per_rank is 2"), std::string::npos) << w;
+  EXPECT_NE(w.find("on 1 CPU "), std::string::npos) << w;
+  EXPECT_NE(w.find("--bind-to none"), std::string::npos) << w;
+  EXPECT_NE(w.find("PE=2"), std::string::npos) << w;
+  EXPECT_NE(thread_binding_hint(8, 4).find("on 4 CPUs"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ampdist

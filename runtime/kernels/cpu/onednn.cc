@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <sched.h>
+#include <thread>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 #include <vector>
@@ -200,4 +202,10 @@ void set_num_threads(int threads) {
   omp_set_num_threads(std::max(1, threads));
 }
 int num_threads() { return omp_get_max_threads(); }
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
 }  // namespace ampdist::kernels
