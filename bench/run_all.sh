@@ -10,7 +10,8 @@
 # (QUICK runs skip them unless NP4=1). PyTorch: the full suite compares against the current torch from PyPI,
 # installed once into a cached virtual environment TORCH_VENV (default ~/.cache/ampdist-bench/venv, outside the
 # tree and build/); `pip install torch` there also brings the CUDA runtime wheels the PyPI build links against
-# (about 5 GB, used only to load torch; the rows run on the CPU). TORCH_VERSION pins a version (default: newest).
+# (about 5 GB, used only to load torch; the rows run on the CPU). TORCH_VERSION pins a version (default: newest);
+# TORCH_FP16=1 runs the PyTorch fp16 model rows also on a CPU without fp16 hardware (skipped there otherwise).
 # QUICK runs use PYTHON (default /usr/bin/python3 with Debian's python3-torch) so that CI downloads nothing.
 #
 # Parts (raw JSON of each run goes to $BUILD_DIR/bench_raw/):
@@ -200,8 +201,15 @@ for np in "${MODEL_NPS[@]}"; do
         die "ampdist_bench_train $model $p np$np failed"
       note_load "model_${model}_${p}_np$np"
       [[ $NO_TORCH == 1 ]] && continue
-      # Debian's torch 1.13 (QUICK runs) has no CPU fp16 autocast.
+      # Debian's torch 1.13 (QUICK runs) has no CPU fp16 autocast. Without fp16 hardware (AVX512-FP16, AMX-FP16)
+      # PyTorch's CPU fp16 autocast runs far below its fp32 (the ResNet-18 and main-job fp16 rows: 1/18 and 1/6
+      # on an AMD EPYC with AVX512-BF16 only), and the 100M MLP row did not finish in 15 minutes: skipped there
+      # unless TORCH_FP16=1.
       [[ $p == fp16 && $QUICK == 1 ]] && continue
+      if [[ $p == fp16 && ${TORCH_FP16:-0} != 1 ]] && ! grep -qwE 'avx512_fp16|amx_fp16' /proc/cpuinfo; then
+        say "PyTorch $model fp16 skipped: this CPU has no fp16 hardware (TORCH_FP16=1 runs it)"
+        continue
+      fi
       step_title "PyTorch $model, $p, $np rank(s) x $threads thread(s)"
       torch_run "torchmodel_${model}_${p}_np$np" "$tscript" $np $threads --precision $p "${targs[@]}"
     done
