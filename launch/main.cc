@@ -1,11 +1,15 @@
 // The `ampdist` program: `ampdist train --config run.pbtxt`, alone, under mpirun or under srun.
 #include <CLI/CLI.hpp>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <iostream>
+#include <thread>
 
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
@@ -20,7 +24,54 @@
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
 
+namespace {
+
+// SIGTERM and SIGUSR1 (SLURM's warning before a time limit, a requeue, mpirun passing on a kill) are taken by one
+// thread in sigwait, never by an arbitrary thread: blocked in every thread from the start of main, before MPI_Init,
+// so that MPI's own threads and every later one inherit the mask. A signal that lands on a thread inside MPI,
+// oneDNN or the allocator interrupts whatever system call that thread is in; one such stop ended in a corrupted heap
+// ("corrupted size vs. prev_size" in MPI_Iallreduce's realloc, 1 run in 40 under MALLOC_CHECK_=3). While a training
+// or benchmark loop runs, a signal asks every rank to save and stop at the next step boundary; before that (set-up,
+// the ckpt and report tools) it ends the process with the signal's default action, as without this thread.
+std::atomic<bool> g_stop_armed{false};
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR1);
+  return set;
+}
+void take_stop_signals() {
+  const sigset_t set = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A forked child (an MPI helper) starts with the mask a fresh process has.
+  pthread_atfork(nullptr, nullptr, [] {
+    const sigset_t s = stop_signals();
+    pthread_sigmask(SIG_UNBLOCK, &s, nullptr);
+  });
+  std::thread([] {
+    const sigset_t wait_set = stop_signals();
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&wait_set, &sig) != 0) continue;
+      if (g_stop_armed.load()) {
+        ampdist::stop_request().store(true);
+        continue;
+      }
+      std::signal(sig, SIG_DFL);  // not training: the default action (terminate), on this thread
+      sigset_t one;
+      sigemptyset(&one);
+      sigaddset(&one, sig);
+      pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+      raise(sig);
+    }
+  }).detach();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  take_stop_signals();
   // The launcher's variables as it set them: MPI_Init may add its own.
   const ampdist::LauncherEnv launcher = ampdist::read_launcher_env();
   std::unique_ptr<ampdist::MpiRuntime> mpi;
@@ -179,8 +230,7 @@ int main(int argc, char** argv) {
   }
 
   // SLURM sends SIGUSR1 (--signal) or SIGTERM before a time limit: every rank saves at the next step boundary.
-  std::signal(SIGTERM, [](int) { ampdist::stop_request().store(true); });
-  std::signal(SIGUSR1, [](int) { ampdist::stop_request().store(true); });
+  g_stop_armed.store(true);
 
   int code = 0;
   try {
