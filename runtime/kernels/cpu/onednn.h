@@ -49,7 +49,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 // impl_info_str for bf16 ("brg:avx512_core_amx_bf16", "brg:avx512_core_bf16", ...), "dnnl_sgemm (jit)" for fp32, and
 // for fp16 "dnnl_sgemm (jit) after an exact conversion to f32" (oneDNN 2.6 has no fp16 matmul on the CPU).
 std::string implementation(DType ab_dtype, DType c_dtype);
-// True when bf16 GEMMs run on bf16 hardware (an AMX or AVX512-BF16 kernel), not on an emulation or a conversion.
+// True when bf16 GEMMs run on bf16 hardware (an AMX or AVX512-BF16 kernel), not on an emulation or a conversion;
+// false also where oneDNN has no bf16 matmul at all.
 bool native_bf16();
 // oneDNN's version, e.g. "2.6.3".
 std::string version();
