@@ -456,6 +456,15 @@ void channel_sums(const Nchw& d, int64_t c, F&& term, double& out_a, double& out
     out_b += b[l];
   }
 }
+// Calls f(px, pd) with x's and dy's data as their C++ element types (each FP32 or 16-bit).
+template <typename F>
+void with_x_and_dy(const Tensor& x, const Tensor& dy, F&& f) {
+  dispatch_dtype(x.dtype(), [&](auto tag_x) {
+    dispatch_dtype(dy.dtype(), [&](auto tag_dy) {
+      f(x.data_as<decltype(tag_x)>(), dy.data_as<decltype(tag_dy)>());
+    });
+  });
+}
 }  // namespace
 
 void batchnorm_sums(const Tensor& x, std::span<double> sums) {
@@ -511,25 +520,19 @@ void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& me
   check_same_numel(dy, x, "batchnorm backward", "dy");
   if (static_cast<int64_t>(sums.size()) != 2 * d.c) throw Error("batchnorm backward: sums must hold 2C doubles");
   const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>();
-  dispatch_dtype(x.dtype(), [&](auto tag_x) {
-    using T = decltype(tag_x);
-    dispatch_dtype(dy.dtype(), [&](auto tag_dy) {
-      using G = decltype(tag_dy);
-      const T* px = x.data_as<T>();
-      const G* pd = dy.data_as<G>();
-      cpu::parallel_ranges(d.c, 1, [&](int64_t c0, int64_t c1) {
-        for (int64_t c = c0; c < c1; ++c) {
-          const double m = pm[c], is = pi[c];
-          channel_sums(
-              d, c,
-              [&](int64_t i, double& s, double& sx) {
-                const double g = as_double(pd[i]);
-                s += g;
-                sx += g * (as_double(px[i]) - m) * is;
-              },
-              sums[static_cast<size_t>(c)], sums[static_cast<size_t>(d.c + c)]);
-        }
-      });
+  with_x_and_dy(x, dy, [&](const auto* px, const auto* pd) {
+    cpu::parallel_ranges(d.c, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const double m = pm[c], is = pi[c];
+        channel_sums(
+            d, c,
+            [&](int64_t i, double& s, double& sx) {
+              const double g = as_double(pd[i]);
+              s += g;
+              sx += g * (as_double(px[i]) - m) * is;
+            },
+            sums[static_cast<size_t>(c)], sums[static_cast<size_t>(d.c + c)]);
+      }
     });
   });
 }
@@ -542,25 +545,19 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean
   check_numel(dx, x.numel(), "batchnorm backward", "dx");
   const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>(), *pg = gamma.data_as<float>();
   float* out = dx.data_as<float>();
-  dispatch_dtype(x.dtype(), [&](auto tag_x) {
-    using T = decltype(tag_x);
-    dispatch_dtype(dy.dtype(), [&](auto tag_dy) {
-      using G = decltype(tag_dy);
-      const T* px = x.data_as<T>();
-      const G* pd = dy.data_as<G>();
-      cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t c = r % d.c;
-          const double is = pi[c], k = pg[c] * is, m = pm[c];
-          const double mean_dy = count > 0 ? sums[static_cast<size_t>(c)] / count : 0.0;
-          const double mean_dyx = count > 0 ? sums[static_cast<size_t>(d.c + c)] / count : 0.0;
-          const T* p = px + r * d.hw;
-          const G* g = pd + r * d.hw;
-          float* q = out + r * d.hw;
-          for (int64_t i = 0; i < d.hw; ++i)
-            q[i] = static_cast<float>(k * (as_double(g[i]) - mean_dy - (as_double(p[i]) - m) * is * mean_dyx));
-        }
-      });
+  with_x_and_dy(x, dy, [&](const auto* px, const auto* pd) {
+    cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t c = r % d.c;
+        const double is = pi[c], k = pg[c] * is, m = pm[c];
+        const double mean_dy = count > 0 ? sums[static_cast<size_t>(c)] / count : 0.0;
+        const double mean_dyx = count > 0 ? sums[static_cast<size_t>(d.c + c)] / count : 0.0;
+        const auto* p = px + r * d.hw;
+        const auto* g = pd + r * d.hw;
+        float* q = out + r * d.hw;
+        for (int64_t i = 0; i < d.hw; ++i)
+          q[i] = static_cast<float>(k * (as_double(g[i]) - mean_dy - (as_double(p[i]) - m) * is * mean_dyx));
+      }
     });
   });
 }
