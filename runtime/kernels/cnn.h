@@ -46,22 +46,34 @@ void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& 
 std::string conv2d_implementation(const ConvShape& s, DType dtype = DType::kFloat32);
 
 // ---- BatchNorm (Ioffe & Szegedy 2015), FP32 arithmetic, statistics accumulated in double ------------------------
-// x and dy may be FP32 or a 16-bit dtype (read as FP32, exactly); every other tensor is FP32.
+// x and dy may be FP32 or a 16-bit dtype (read as FP32, exactly); so may y, dx and relu_y where said; every other
+// tensor is FP32. A 16-bit output is the FP32 value rounded once to nearest even, by the same conversion as
+// kernels::cast, so a fused output is bitwise what the separate FP32 op followed by a cast gives.
 // Per channel c of x [N, C, H, W]: sums[c] = sum of x, sums[C + c] = sum of x^2 over N, H, W (2C doubles, so that a
 // synchronised BatchNorm can all-reduce them before the statistics are formed).
 void batchnorm_sums(const Tensor& x, std::span<double> sums);
-// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c]. mean, invstd, gamma, beta: [C] FP32.
+// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c] in FP32; with relu, then math::relu (max(y, 0), NaN kept): a
+// BatchNorm and the ReLU after it in one pass. mean, invstd, gamma, beta: [C] FP32; y: FP32 or 16-bit.
 void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
-                     const Tensor& beta, Tensor& y);
+                     const Tensor& beta, Tensor& y, bool relu = false);
 // Per channel: sums[c] = sum dy, sums[C + c] = sum dy * (x - mean) * invstd (double), the two reductions of the
-// backward (all-reduced in sync mode).
+// backward (all-reduced in sync mode). relu_y: for a BatchNorm with a fused ReLU, its forward output y (any dtype);
+// dy then counts only where relu_y > 0 (ReLU's gradient from its output, as math::relu_backward and PyTorch's
+// threshold_backward: a 16-bit output that rounded to 0 passes no gradient). Null: no ReLU.
 void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
-                             std::span<double> sums);
+                             std::span<double> sums, const Tensor* relu_y = nullptr);
 // dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count), from the (global) sums and the (global)
-// element count per channel. Training mode; in evaluation mode the statistics are constants and dx = gamma * invstd
-// * dy (count = 0 selects that).
+// element count per channel, computed in double and written as FP32 or 16-bit. Training mode; in evaluation mode the
+// statistics are constants and dx = gamma * invstd * dy (count = 0 selects that). relu_y as above.
 void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
-                           const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx);
+                           const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx,
+                           const Tensor* relu_y = nullptr);
+
+// ---- residual add -----------------------------------------------------------------------------------------------
+// y = float(a) + float(b), then math::relu when relu: a ResNet block's add and final ReLU in one pass (the
+// forward), or the sum of a block's two input gradients (the backward). a, b: FP32 or 16-bit, equal element
+// counts; y: FP32.
+void residual_add(const Tensor& a, const Tensor& b, Tensor& y, bool relu);
 
 // ---- pooling ---------------------------------------------------------------------------------------------------
 struct PoolShape {

@@ -24,6 +24,7 @@ std::unique_ptr<Sequential> build_cnn(const CnnConfig& cfg, const std::vector<in
   auto model = std::make_unique<Sequential>("cnn");
   model->add(std::make_unique<ImageView>("input", Shape(image.begin(), image.end())));
   int64_t c = image[0], h = image[1], w = image[2];
+  BatchNorm2d* pending_bn = nullptr;  // the last BatchNorm, when a conv may follow it directly
   for (int i = 0; i < cfg.conv_size(); ++i) {
     const ConvLayerConfig& l = cfg.conv(i);
     const std::string n = std::to_string(i + 1);
@@ -48,13 +49,25 @@ std::unique_ptr<Sequential> build_cnn(const CnnConfig& cfg, const std::vector<in
     kernels::ConvShape s{1, c, h, w, o.out, o.kernel, o.kernel, o.stride, o.padding, o.dilation, o.groups};
     if (s.out_h() <= 0 || s.out_w() <= 0)
       throw bad(field, "the " + std::to_string(h) + "x" + std::to_string(w) + " input is smaller than the kernel");
-    model->add(std::make_unique<Conv2d>("conv" + n, o, autocast));
+    auto conv = std::make_unique<Conv2d>("conv" + n, o, autocast);
+    if (pending_bn) pending_bn->fuse_relu(conv->compute_dtype());  // the BatchNorm + ReLU just before this conv
+    pending_bn = nullptr;
+    model->add(std::move(conv));
     c = o.out;
     h = s.out_h();
     w = s.out_w();
-    if (l.batch_norm()) model->add(std::make_unique<BatchNorm2d>("bn" + n, c, allreduce_sum));
-    model->add(std::make_unique<Activation>("relu" + n, Activation::Kind::kReLU, autocast));
     const int pool = std::max(l.max_pool(), l.avg_pool());
+    if (l.batch_norm()) {
+      // bn -> relu as one op (BatchNorm2d::fuse_relu). Its output stays FP32 unless the next layer is a conv: then
+      // it is written in that conv's dtype, which is exact (the conv would round it so anyway), where a pooling
+      // or a Linear in between would see values rounded too early.
+      auto bn = std::make_unique<BatchNorm2d>("bn" + n, c, allreduce_sum);
+      bn->fuse_relu(DType::kFloat32);
+      if (pool == 0) pending_bn = bn.get();
+      model->add(std::move(bn));
+    } else {
+      model->add(std::make_unique<Activation>("relu" + n, Activation::Kind::kReLU, autocast));
+    }
     if (pool > 0) {
       if (pool > h || pool > w)
         throw bad(field, "pooling " + std::to_string(pool) + " does not fit the " + std::to_string(h) + "x" +
@@ -110,8 +123,9 @@ std::unique_ptr<Sequential> build_resnet(const ResnetConfig& cfg, const std::vec
   stem.bias = false;
   stem.init_bound = gain * std::sqrt(3.0f / static_cast<float>(w0 * stem.kernel * stem.kernel));
   model->add(std::make_unique<Conv2d>("conv1", stem, autocast));
-  model->add(std::make_unique<BatchNorm2d>("bn1", w0, allreduce_sum));
-  model->add(std::make_unique<Activation>("relu", Activation::Kind::kReLU, autocast));
+  auto bn1 = std::make_unique<BatchNorm2d>("bn1", w0, allreduce_sum);
+  bn1->fuse_relu(DType::kFloat32);  // bn1 -> relu in one pass; FP32, since layer1.0's identity path adds it
+  model->add(std::move(bn1));
   if (imagenet) model->add(std::make_unique<Pool2d>("maxpool", Pool2d::Kind::kMax, 3, 2, 1));
   int64_t in = w0;
   for (int stage = 0; stage < 4; ++stage) {

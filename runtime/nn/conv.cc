@@ -1,7 +1,6 @@
 #include "runtime/nn/conv.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/transformer.h"
@@ -171,8 +170,8 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
     }
     count_ = 0;
   }
-  y_.ensure(x.shape(), DType::kFloat32);
-  kernels::batchnorm_apply(x, mean_, invstd_, weight_.master, bias_.master, y_);
+  y_.ensure(x.shape(), out_dtype_);
+  kernels::batchnorm_apply(x, mean_, invstd_, weight_.master, bias_.master, y_, relu_);
   return y_;
 }
 
@@ -180,7 +179,8 @@ const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
   const Tensor& dy = dy_in;  // FP32 or 16-bit, read as FP32
   const int64_t C = channels_;
   std::span<double> sums = std::span<double>(sums_).first(static_cast<size_t>(2 * C));
-  kernels::batchnorm_backward_sums(x_saved_, dy, mean_, invstd_, sums);
+  const Tensor* relu_y = relu_ ? &y_ : nullptr;
+  kernels::batchnorm_backward_sums(x_saved_, dy, mean_, invstd_, sums, relu_y);
   // This rank's share of dgamma = sum dy * xhat and dbeta = sum dy (the gradient reduction sums the ranks').
   float* gw = weight_.grad.data_as<float>();
   float* gb = bias_.grad.data_as<float>();
@@ -198,8 +198,8 @@ const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
   // collective is matched even when this rank's dx is not needed).
   if (allreduce_ && count_ > 0) allreduce_(sums);
   if (!ctx.need_input_grad) return kNone;
-  dx_.ensure(x_saved_.shape(), DType::kFloat32);
-  kernels::batchnorm_backward_dx(x_saved_, dy, mean_, invstd_, weight_.master, sums, count_, dx_);
+  dx_.ensure(x_saved_.shape(), x_saved_.dtype());
+  kernels::batchnorm_backward_dx(x_saved_, dy, mean_, invstd_, weight_.master, sums, count_, dx_, relu_y);
   return dx_;
 }
 
@@ -325,9 +325,9 @@ BasicBlock::BasicBlock(std::string name, int64_t in, int64_t out, int64_t stride
   conv1_ = std::make_unique<Conv2d>(n + ".conv1", Conv2d::Options{in, out, 3, stride, 1, 1, 1, false, he(out, 3)},
                                     autocast);
   bn1_ = std::make_unique<BatchNorm2d>(n + ".bn1", out, allreduce_sum);
-  relu1_ = std::make_unique<Activation>(n + ".relu", Activation::Kind::kReLU, autocast);
   conv2_ = std::make_unique<Conv2d>(n + ".conv2", Conv2d::Options{out, out, 3, 1, 1, 1, 1, false, he(out, 3)},
                                     autocast);
+  bn1_->fuse_relu(conv2_->compute_dtype());
   bn2_ = std::make_unique<BatchNorm2d>(n + ".bn2", out, allreduce_sum);
   if (stride != 1 || in != out) {
     down_conv_ = std::make_unique<Conv2d>(n + ".downsample.0",
@@ -361,13 +361,10 @@ void BasicBlock::set_mode(bool training, int64_t step) {
 
 const Tensor& BasicBlock::forward(const Tensor& x_in) {
   const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
-  const Tensor& h = bn2_->forward(conv2_->forward(relu1_->forward(bn1_->forward(conv1_->forward(x)))));
+  const Tensor& h = bn2_->forward(conv2_->forward(bn1_->forward(conv1_->forward(x))));
   const Tensor& s = down_conv_ ? down_bn_->forward(down_conv_->forward(x)) : x;
-  sum_.ensure(h.shape(), DType::kFloat32);
-  std::memcpy(sum_.data(), h.data(), h.nbytes());
-  kernels::add_inplace(sum_, s);
-  y_.ensure(sum_.shape(), DType::kFloat32);
-  kernels::relu_forward(sum_, y_);
+  y_.ensure(h.shape(), DType::kFloat32);
+  kernels::residual_add(h, s, y_, /*relu=*/true);
   return y_;
 }
 
@@ -380,7 +377,7 @@ const Tensor& BasicBlock::backward(const Tensor& dy_in, GradContext& ctx) {
   ctx.need_input_grad = true;
   const Tensor& g = bn2_->backward(dsum_, ctx);
   const Tensor& g2 = conv2_->backward(g, ctx);
-  const Tensor& g3 = bn1_->backward(relu1_->backward(g2, ctx), ctx);
+  const Tensor& g3 = bn1_->backward(g2, ctx);
   ctx.need_input_grad = outer_need;
   const Tensor& dx_branch = conv1_->backward(g3, ctx);
   const Tensor* ds = &dsum_;
@@ -392,8 +389,7 @@ const Tensor& BasicBlock::backward(const Tensor& dy_in, GradContext& ctx) {
   }
   if (!outer_need) return kNone;
   dx_.ensure(dx_branch.shape(), DType::kFloat32);
-  kernels::cast(dx_branch, dx_);
-  kernels::add_inplace(dx_, *ds);
+  kernels::residual_add(dx_branch, *ds, dx_, /*relu=*/false);
   return dx_;
 }
 

@@ -33,6 +33,7 @@ class Conv2d : public Module {
   Conv2d(std::string name, const Options& o, const Autocast& autocast);
   Parameter& weight() { return weight_; }
   Parameter* bias() { return o_.bias ? &bias_ : nullptr; }
+  // The dtype the convolution multiplies in (autocast's choice for this layer): its output's and its dx's dtype.
   DType compute_dtype() const { return dtype_; }
   // x: [N, in, H, W] any dtype -> [N, out, OH, OW] in the compute dtype.
   void collect_parameters(std::vector<Parameter*>& out) override;
@@ -69,17 +70,30 @@ class BatchNorm2d : public Module {
   // The statistics of the last training forward (FP32 [C]): the batch mean and biased variance.
   const Tensor& batch_mean() const { return mean_; }
   const Tensor& batch_var() const { return var_; }
-  // The FP32 input of the last forward (valid until the next one).
+  // The input of the last forward (valid until the next one).
   const Tensor& last_input() const { return x_saved_; }
+  // Fuses the ReLU that follows this BatchNorm into it (torch's bn -> relu): the output is math::relu of the FP32
+  // normalisation, written in `out` (FP32, or the next convolution's 16-bit dtype: rounded once, bitwise what a
+  // cast of the FP32 result gives), and the backward passes dy only where that output is > 0. Call before the
+  // first forward.
+  void fuse_relu(DType out) {
+    relu_ = true;
+    out_dtype_ = out;
+  }
 
   void collect_parameters(std::vector<Parameter*>& out) override;
   void collect_buffers(std::vector<Buffer*>& out) override;
   void set_mode(bool training, int64_t) override { training_ = training; }
-  // x: [N, C, H, W] any dtype -> FP32. Throws Error when a training batch has one value per channel.
+  // x: [N, C, H, W] any dtype -> FP32 (or fuse_relu's dtype). Throws Error when a training batch has one value per
+  // channel.
   const Tensor& forward(const Tensor& x) override;
+  // dy: any dtype -> dx in x's dtype (the gradient of a 16-bit input is 16-bit, rounded once from the FP32 result,
+  // which is what the convolution before it multiplies in).
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
 
  private:
+  bool relu_ = false;
+  DType out_dtype_ = DType::kFloat32;
   int64_t channels_;
   float eps_, momentum_;
   AllReduce allreduce_;
@@ -147,7 +161,8 @@ class ImageView : public Module {
 // s = downsample (1x1 conv with the block's stride, no bias, then BatchNorm) when the stride or the width changes,
 // else the identity. 3x3 convolutions without bias. Parameters in torchvision's order and names under `name`
 // ("layer1.0.conv1.weight", ..., "layer2.0.downsample.0.weight", "layer2.0.downsample.1.weight"). The residual
-// add and the final ReLU are FP32.
+// add and the final ReLU are FP32, one pass (kernels::residual_add). bn1 carries the ReLU after it and writes in
+// conv2's dtype (BatchNorm2d::fuse_relu): the values conv2 multiplies are bitwise those of the separate ops.
 class BasicBlock : public Module {
  public:
   BasicBlock(std::string name, int64_t in, int64_t out, int64_t stride, const Autocast& autocast,
@@ -161,8 +176,7 @@ class BasicBlock : public Module {
  private:
   std::unique_ptr<Conv2d> conv1_, conv2_, down_conv_;
   std::unique_ptr<BatchNorm2d> bn1_, bn2_, down_bn_;
-  std::unique_ptr<Module> relu1_;
-  Tensor x_cast_, sum_, y_, dsum_, dx_;
+  Tensor x_cast_, y_, dsum_, dx_;
 };
 
 }  // namespace ampdist

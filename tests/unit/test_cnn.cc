@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -346,6 +348,95 @@ TEST(BatchNorm2d, OneValuePerChannelIsRefusedInTraining) {
   Bound b = bind(bn);
   Tensor x = random_tensor({1, 2, 1, 1}, 16);
   EXPECT_THROW(bn.forward(x), Error);
+}
+
+// Bitwise equality of two tensors of one dtype, naming the first differing element.
+void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  const size_t es = a.nbytes() / static_cast<size_t>(std::max<int64_t>(a.numel(), 1));
+  for (int64_t i = 0; i < a.numel(); ++i)
+    ASSERT_EQ(std::memcmp(static_cast<const char*>(a.data()) + i * es, static_cast<const char*>(b.data()) + i * es, es),
+              0)
+        << what << "[" << i << "]: " << a.item(i) << " vs " << b.item(i);
+}
+Tensor cast_to(const Tensor& t, DType d) {
+  Tensor out = Tensor::empty(t.shape(), d);
+  kernels::cast(t, out);
+  return out;
+}
+
+// A 16-bit input's gradient is the FP32 gradient of the same values, rounded once: BatchNorm's dx for a bf16 or fp16
+// x is bitwise the cast of its dx for that x widened to FP32 (the statistics and every sum are those of the same
+// values, so only the final rounding can differ, and it must not).
+TEST(BatchNorm2d, GradientOfA16BitInputIsTheFp32GradientRoundedOnce) {
+  for (DType d : {DType::kBFloat16, DType::kFloat16}) {
+    BatchNorm2d bn16("bn", 3), bn32("bn", 3);
+    Bound b16 = bind(bn16), b32 = bind(bn32);
+    const Tensor x16 = cast_to(random_tensor({4, 3, 5, 3}, 31, -1.0f, 2.0f), d);
+    Tensor x32 = cast_to(x16, DType::kFloat32);
+    const Tensor dy = random_tensor({4, 3, 5, 3}, 32);
+    expect_bitwise(bn16.forward(x16), bn32.forward(x32), "y");
+    GradContext c16 = ctx_for_test(), c32 = ctx_for_test();
+    const Tensor& dx16 = bn16.backward(dy, c16);
+    ASSERT_EQ(dx16.dtype(), d);
+    expect_bitwise(dx16, cast_to(bn32.backward(dy, c32), d), "dx");
+    expect_bitwise(b16.params[0]->grad, b32.params[0]->grad, "dgamma");
+    expect_bitwise(b16.params[1]->grad, b32.params[1]->grad, "dbeta");
+  }
+}
+
+// BatchNorm with the ReLU after it fused (BatchNorm2d::fuse_relu, as in a ResNet block's bn1 -> relu -> conv2) is
+// bitwise the separate ops: FP32 BatchNorm, ReLU, one cast to the output dtype; backward, ReLU's gradient from that
+// output (dy where it is > 0), then BatchNorm's backward. About a third of the inputs are below the batch mean, so
+// both sides of the ReLU are exercised.
+TEST(BatchNorm2d, FusedReluIsBitwiseTheSeparateOps) {
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    BatchNorm2d fused("bn", 3), plain("bn", 3);
+    fused.fuse_relu(d);
+    Bound bf = bind(fused), bp = bind(plain);
+    const Tensor x = cast_to(random_tensor({4, 3, 6, 5}, 33, -1.0f, 2.0f), d);  // a conv's output in d
+    const Tensor dy = cast_to(random_tensor({4, 3, 6, 5}, 34), d);             // the next conv's dx in d
+    const Tensor& y = fused.forward(x);
+    ASSERT_EQ(y.dtype(), d);
+    Tensor relu32 = Tensor::empty(x.shape(), DType::kFloat32);
+    kernels::relu_forward(plain.forward(x), relu32);
+    expect_bitwise(y, cast_to(relu32, d), "y");
+    Tensor dy_relu = Tensor::empty(x.shape(), DType::kFloat32);
+    kernels::relu_backward(cast_to(y, DType::kFloat32), cast_to(dy, DType::kFloat32), dy_relu);
+    GradContext cf = ctx_for_test(), cp = ctx_for_test();
+    const Tensor& dx = fused.backward(dy, cf);
+    ASSERT_EQ(dx.dtype(), d);
+    expect_bitwise(dx, plain.backward(dy_relu, cp), "dx");
+    expect_bitwise(bf.params[0]->grad, bp.params[0]->grad, "dgamma");
+    expect_bitwise(bf.params[1]->grad, bp.params[1]->grad, "dbeta");
+  }
+}
+
+// The residual add: FP32 sums of FP32 or 16-bit operands, ReLU with NaN kept (a NaN must reach the loss).
+TEST(ResidualAdd, AddsInFp32AndKeepsNaNThroughTheRelu) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor a = Tensor::empty({1, 1, 1, 6}, DType::kFloat32);
+  const float av[] = {1.5f, -2.0f, nan, 0.25f, -0.0f, 3.0f};
+  for (int i = 0; i < 6; ++i) a.data_as<float>()[i] = av[i];
+  Tensor b32 = Tensor::empty({1, 1, 1, 6}, DType::kFloat32);
+  const float bv[] = {0.5f, 1.0f, 1.0f, -0.5f, 0.0f, 1.0f / 3.0f};
+  for (int i = 0; i < 6; ++i) b32.data_as<float>()[i] = bv[i];
+  const Tensor b16 = cast_to(b32, DType::kBFloat16);
+  Tensor y = Tensor::empty({1, 1, 1, 6}, DType::kFloat32);
+  for (bool relu : {false, true}) {
+    kernels::residual_add(a, b16, y, relu);
+    for (int i = 0; i < 6; ++i) {
+      const float want = av[i] + b16.item(i);  // bf16 widens exactly; one FP32 add
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(y.item(i))) << i;
+      } else {
+        EXPECT_EQ(y.item(i), relu ? std::max(want, 0.0f) : want) << i;
+      }
+    }
+  }
+  Tensor wrong = Tensor::empty({1, 1, 1, 5}, DType::kFloat32);
+  EXPECT_THROW(kernels::residual_add(a, wrong, y, false), Error);
 }
 
 // ---- pooling, flatten, residual ------------------------------------------------------------------------------------

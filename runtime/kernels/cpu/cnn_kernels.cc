@@ -2,11 +2,13 @@
 // memory at the interface, reordered into the layouts oneDNN chooses for its kernels), BatchNorm and pooling
 // as loops over channels split across the compute threads (cpu/parallel.h: each output element is computed by the
 // same operations for any thread count, so results are bitwise reproducible).
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 #include <unordered_map>
@@ -17,6 +19,7 @@
 #include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/cpu/parallel.h"
+#include "runtime/kernels/math.h"
 
 namespace ampdist::kernels {
 namespace {
@@ -465,6 +468,53 @@ void with_x_and_dy(const Tensor& x, const Tensor& dy, F&& f) {
     });
   });
 }
+// Calls f(px, po) with x's data and out's (writable) data as their C++ element types.
+template <typename F>
+void with_in_and_out(const Tensor& x, Tensor& out, F&& f) {
+  dispatch_dtype(out.dtype(), [&](auto tag_out) {
+    auto* po = out.data_as<decltype(tag_out)>();
+    dispatch_dtype(x.dtype(), [&](auto tag_x) { f(x.data_as<decltype(tag_x)>(), po); });
+  });
+}
+// The gradient reaching a BatchNorm through the ReLU fused after it: dy where the forward output y > 0, else +0
+// (math::relu_backward), as dy's bits ANDed with a mask that is all ones where y > 0. A select would compile to a
+// branch on y's sign, which is random from element to element (measured: the masked sums ran ~10x slower than
+// the plain ones). NoRelu: dy as it is.
+struct NoRelu {};
+template <typename D, typename M>
+inline double masked_dy(const D* pd, const M* pm, int64_t i) {
+  if constexpr (std::is_same_v<M, NoRelu>) {
+    return as_double(pd[i]);
+  } else {
+    const uint32_t keep = 0u - static_cast<uint32_t>(static_cast<float>(pm[i]) > 0.0f);
+    const uint32_t g = std::bit_cast<uint32_t>(static_cast<float>(pd[i]));
+    return static_cast<double>(std::bit_cast<float>(g & keep));
+  }
+}
+// Calls f(px, pd, pm) as with_x_and_dy, pm being relu_y's data, or a null `const NoRelu*` without one.
+template <typename F>
+void with_x_dy_relu(const Tensor& x, const Tensor& dy, const Tensor* relu_y, F&& f) {
+  with_x_and_dy(x, dy, [&](const auto* px, const auto* pd) {
+    if (!relu_y) return f(px, pd, static_cast<const NoRelu*>(nullptr));
+    dispatch_dtype(relu_y->dtype(), [&](auto tag_m) { f(px, pd, relu_y->data_as<decltype(tag_m)>()); });
+  });
+}
+// Writes one row of FP32 results `v[0, n)` into q as Y: a copy for FP32, else Eigen's vectorised conversion (round
+// to nearest even), the one kernels::cast uses.
+template <typename Y>
+inline void store_row(const float* v, Y* q, int64_t n) {
+  if constexpr (std::is_same_v<Y, float>)
+    std::memcpy(q, v, static_cast<size_t>(n) * sizeof(float));
+  else
+    Eigen::Map<Eigen::Array<Y, Eigen::Dynamic, 1>>(q, n) =
+        Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>>(v, n).template cast<Y>();
+}
+// A per-thread FP32 row of at least n values (grows only).
+float* row_buffer(int64_t n) {
+  thread_local std::vector<float> row;
+  if (static_cast<int64_t>(row.size()) < n) row.resize(static_cast<size_t>(n));
+  return row.data();
+}
 }  // namespace
 
 void batchnorm_sums(const Tensor& x, std::span<double> sums) {
@@ -488,46 +538,49 @@ void batchnorm_sums(const Tensor& x, std::span<double> sums) {
 }
 
 void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd, const Tensor& gamma,
-                     const Tensor& beta, Tensor& y) {
+                     const Tensor& beta, Tensor& y, bool relu) {
   const Nchw d = nchw(x, "batchnorm");
-  check_cpu_f32(y, "batchnorm", "y");
-  check_numel(y, x.numel(), "batchnorm", "y");
+  check_same_numel(y, x, "batchnorm", "y");
   for (const Tensor* t : {&mean, &invstd, &gamma, &beta}) {
     check_cpu_f32(*t, "batchnorm", "a per-channel tensor");
     check_numel(*t, d.c, "batchnorm", "a per-channel tensor");
   }
   const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>(), *pg = gamma.data_as<float>(),
               *pb = beta.data_as<float>();
-  float* py = y.data_as<float>();
-  dispatch_dtype(x.dtype(), [&](auto tag_x) {
-    using T = decltype(tag_x);
-    const T* px = x.data_as<T>();
+  with_in_and_out(x, y, [&](const auto* px, auto* py) {
+    using Y = std::remove_pointer_t<decltype(py)>;
     cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
+      float* v = std::is_same_v<Y, float> ? nullptr : row_buffer(d.hw);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t c = r % d.c;
         const float scale = pi[c] * pg[c], m = pm[c], b = pb[c];
-        const T* p = px + r * d.hw;
-        float* q = py + r * d.hw;
-        for (int64_t i = 0; i < d.hw; ++i) q[i] = (static_cast<float>(p[i]) - m) * scale + b;
+        const auto* p = px + r * d.hw;
+        float* q = std::is_same_v<Y, float> ? reinterpret_cast<float*>(py + r * d.hw) : v;
+        if (relu)
+          for (int64_t i = 0; i < d.hw; ++i) q[i] = math::relu((static_cast<float>(p[i]) - m) * scale + b);
+        else
+          for (int64_t i = 0; i < d.hw; ++i) q[i] = (static_cast<float>(p[i]) - m) * scale + b;
+        if constexpr (!std::is_same_v<Y, float>) store_row(v, py + r * d.hw, d.hw);
       }
     });
   });
 }
 
 void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
-                             std::span<double> sums) {
+                             std::span<double> sums, const Tensor* relu_y) {
   const Nchw d = nchw(x, "batchnorm backward");
   check_same_numel(dy, x, "batchnorm backward", "dy");
+  if (relu_y) check_same_numel(*relu_y, x, "batchnorm backward", "relu_y");
   if (static_cast<int64_t>(sums.size()) != 2 * d.c) throw Error("batchnorm backward: sums must hold 2C doubles");
   const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>();
-  with_x_and_dy(x, dy, [&](const auto* px, const auto* pd) {
+  with_x_dy_relu(x, dy, relu_y, [&](const auto* px, const auto* pd, const auto* pr) {
     cpu::parallel_ranges(d.c, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         const double m = pm[c], is = pi[c];
         channel_sums(
             d, c,
             [&](int64_t i, double& s, double& sx) {
-              const double g = as_double(pd[i]);
+              const double g = masked_dy(pd, pr, i);
               s += g;
               sx += g * (as_double(px[i]) - m) * is;
             },
@@ -538,26 +591,48 @@ void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& me
 }
 
 void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
-                           const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx) {
+                           const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx,
+                           const Tensor* relu_y) {
   const Nchw d = nchw(x, "batchnorm backward");
   check_same_numel(dy, x, "batchnorm backward", "dy");
-  check_cpu_f32(dx, "batchnorm backward", "dx");
-  check_numel(dx, x.numel(), "batchnorm backward", "dx");
+  check_same_numel(dx, x, "batchnorm backward", "dx");
+  if (relu_y) check_same_numel(*relu_y, x, "batchnorm backward", "relu_y");
   const float *pm = mean.data_as<float>(), *pi = invstd.data_as<float>(), *pg = gamma.data_as<float>();
-  float* out = dx.data_as<float>();
-  with_x_and_dy(x, dy, [&](const auto* px, const auto* pd) {
-    cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t c = r % d.c;
-        const double is = pi[c], k = pg[c] * is, m = pm[c];
-        const double mean_dy = count > 0 ? sums[static_cast<size_t>(c)] / count : 0.0;
-        const double mean_dyx = count > 0 ? sums[static_cast<size_t>(d.c + c)] / count : 0.0;
-        const auto* p = px + r * d.hw;
-        const auto* g = pd + r * d.hw;
-        float* q = out + r * d.hw;
-        for (int64_t i = 0; i < d.hw; ++i)
-          q[i] = static_cast<float>(k * (as_double(g[i]) - mean_dy - (as_double(p[i]) - m) * is * mean_dyx));
-      }
+  dispatch_dtype(dx.dtype(), [&](auto tag_dx) {
+    using Y = decltype(tag_dx);
+    Y* out = dx.data_as<Y>();
+    with_x_dy_relu(x, dy, relu_y, [&](const auto* px, const auto* pd, const auto* pr) {
+      cpu::parallel_ranges(d.n * d.c, 1, [&](int64_t r0, int64_t r1) {
+        float* v = std::is_same_v<Y, float> ? nullptr : row_buffer(d.hw);
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t c = r % d.c;
+          const double is = pi[c], k = pg[c] * is, m = pm[c];
+          const double mean_dy = count > 0 ? sums[static_cast<size_t>(c)] / count : 0.0;
+          const double mean_dyx = count > 0 ? sums[static_cast<size_t>(d.c + c)] / count : 0.0;
+          const int64_t off = r * d.hw;
+          const auto* p = px + off;
+          float* q = std::is_same_v<Y, float> ? reinterpret_cast<float*>(out + off) : v;
+          for (int64_t i = 0; i < d.hw; ++i)
+            q[i] = static_cast<float>(
+                k * (masked_dy(pd, pr, off + i) - mean_dy - (as_double(p[i]) - m) * is * mean_dyx));
+          if constexpr (!std::is_same_v<Y, float>) store_row(v, out + off, d.hw);
+        }
+      });
+    });
+  });
+}
+
+void residual_add(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
+  check_same_numel(a, y, "residual_add", "a");
+  check_same_numel(b, y, "residual_add", "b");
+  check_cpu_f32(y, "residual_add", "y");
+  float* py = y.data_as<float>();
+  with_x_and_dy(a, b, [&](const auto* pa, const auto* pb) {
+    cpu::parallel_ranges(y.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+      if (relu)
+        for (int64_t i = i0; i < i1; ++i) py[i] = math::relu(static_cast<float>(pa[i]) + static_cast<float>(pb[i]));
+      else
+        for (int64_t i = i0; i < i1; ++i) py[i] = static_cast<float>(pa[i]) + static_cast<float>(pb[i]);
     });
   });
 }
