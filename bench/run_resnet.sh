@@ -46,7 +46,7 @@ echo "PyTorch: $torch_version"
 printf '%-8s %-6s %-5s %12s %s\n' impl ranks prec 'images/s' 'runs (load)'
 rows=()
 declare -A ips runs
-median() { printf '%s\n' "$@" | { grep -v null || true; } | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR + 1) / 2)] : "null"}'; }
+median() { (($#)) || { echo null; return; }; printf '%s\n' "$@" | { grep -v null || true; } | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR + 1) / 2)] : "null"}'; }
 for np in ${NPS:-1 2}; do
   threads=$(( nproc / np > 0 ? nproc / np : 1 ))
   for ((round = 1; round <= repeat; ++round)); do
@@ -94,8 +94,8 @@ print("null" if v is None else f"{v:.2f}")')
     for impl in ampdist torch; do
       k=${impl}_${np}_$prec
       # shellcheck disable=SC2086
-      ips[$k]=$(median ${runs[$k]})
-      printf '%-8s %-6s %-5s %12s %s\n' "${impl/torch/pytorch}" "$np" "$prec" "${ips[$k]}" "${runs[$k]}"
+      ips[$k]=$(median ${runs[$k]:-})
+      printf '%-8s %-6s %-5s %12s %s\n' "${impl/torch/pytorch}" "$np" "$prec" "${ips[$k]}" "${runs[$k]:-}"
     done
   done
 done
