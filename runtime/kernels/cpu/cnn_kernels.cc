@@ -499,15 +499,12 @@ void with_x_dy_relu(const Tensor& x, const Tensor& dy, const Tensor* relu_y, F&&
     dispatch_dtype(relu_y->dtype(), [&](auto tag_m) { f(px, pd, relu_y->data_as<decltype(tag_m)>()); });
   });
 }
-// Writes one row of FP32 results `v[0, n)` into q as Y: a copy for FP32, else Eigen's vectorised conversion (round
-// to nearest even), the one kernels::cast uses.
+// Writes one row of FP32 results `v[0, n)` into the 16-bit q, by Eigen's vectorised conversion (round to nearest
+// even), the one kernels::cast uses. FP32 outputs are written in place and never pass through here.
 template <typename Y>
 inline void store_row(const float* v, Y* q, int64_t n) {
-  if constexpr (std::is_same_v<Y, float>)
-    std::memcpy(q, v, static_cast<size_t>(n) * sizeof(float));
-  else
-    Eigen::Map<Eigen::Array<Y, Eigen::Dynamic, 1>>(q, n) =
-        Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>>(v, n).template cast<Y>();
+  Eigen::Map<Eigen::Array<Y, Eigen::Dynamic, 1>>(q, n) =
+      Eigen::Map<const Eigen::Array<float, Eigen::Dynamic, 1>>(v, n).template cast<Y>();
 }
 // A per-thread FP32 row of at least n values (grows only).
 float* row_buffer(int64_t n) {
