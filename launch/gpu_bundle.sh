@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs a CUDA build of ampdist for a GPU host that has the NVIDIA driver and nothing else: no CUDA toolkit, no
 # NCCL, no MPI, no protobuf, no network. It carries the binaries (the CUDA runtime is linked into them statically),
-# every shared library they need except the C library and the driver (cuBLAS, cuBLASLt and NCCL included), OpenMPI's
+# every shared library they need except the C library and the driver (cuBLAS, cuBLASLt, cuDNN and NCCL included), OpenMPI's
 # run-time tree with its mpirun, and the check's data (Fashion-MNIST, the fortunes corpus as token files).
 #
 #   bash launch/gpu_bundle.sh [--no-archive] [BUILD_DIR] [OUT_DIR]      (defaults: build, BUILD_DIR/gpu-bundle)
@@ -42,6 +42,18 @@ copy_deps() {  # copy_deps FILE...: the non-system libraries FILE needs, recursi
   done
 }
 copy_deps "$out"/bin/*
+# cuDNN 9's libcudnn.so.9 is a shim that opens its sub-libraries at run time (dlopen, so ldd does not list them):
+# the convolution API's (cnn, ops, graph), its engines and heuristics, from the directory of the libcudnn linked in.
+# Not libcudnn_adv (RNN and attention, which ampdist does not call).
+if [[ -e $out/lib/libcudnn.so.9 ]]; then
+  cudnn_dir=$(dirname "$(ldd "$out"/bin/ampdist | awk '$1 == "libcudnn.so.9" {print $3}' | xargs readlink -f)")
+  for lib in cnn ops graph engines_precompiled engines_runtime_compiled heuristic; do
+    f=$cudnn_dir/libcudnn_$lib.so.9
+    [[ -e $f ]] || { say "cuDNN's $f is missing (the GPU convolutions need it)" >&2; exit 1; }
+    cp -L "$f" "$out/lib/"
+    copy_deps "$out/lib/libcudnn_$lib.so.9"
+  done
+fi
 
 # OpenMPI's run-time tree under the same relative paths as Debian's prefix (/usr), so that OPAL_PREFIX=$out finds
 # its plugins and help texts, and its launcher for the multi-GPU runs (one node: mpirun starts the ranks itself).

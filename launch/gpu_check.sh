@@ -10,7 +10,8 @@
 # and the benchmarks' results checked out. Anything else is exit 1 with one line "gpu_check: FAIL: ..." saying why;
 # when nothing could run on a GPU (the preflight found something missing), that line is all it prints.
 # Bounded to 9.5 minutes in all (each stage has its own limit). Logs: $GPU_CHECK_OUT (default build/gpu-check).
-# Step counts: GPU_CHECK_MLP_STEPS (1500), GPU_CHECK_GPT_STEPS (300), GPU_CHECK_GPT2_STEPS (30).
+# Step counts: GPU_CHECK_MLP_STEPS (1500), GPU_CHECK_GPT_STEPS (300), GPU_CHECK_CNN_STEPS (300),
+# GPU_CHECK_GPT2_STEPS (30).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
@@ -221,6 +222,11 @@ for p in fp32 fp16 bf16; do
   train_run "GPT fortunes" 60 "$p" configs/fortunes_gpt.pbtxt "$(gpt_flops 2 64 64 256)" "${fortunes[@]}" \
     --set "train.steps=$gpt_steps" --set log.every_steps=100
 done
+# The conv net (cuDNN convolutions, BatchNorm and pooling kernels), where the build has cuDNN.
+for p in fp32 bf16; do
+  train_run "CNN" 90 "$p" configs/fashion_mnist_cnn.pbtxt "" --set "data.idx.dir=$bundle/data/fashion-mnist" \
+    --set "train.steps=${GPU_CHECK_CNN_STEPS:-300}" --set log.every_steps=100
+done
 gpt2=(--set model.gpt.n_layer=12 --set model.gpt.n_head=12 --set model.gpt.n_embd=768 --set model.gpt.seq_len=1024
       --set data.global_batch_size=8 --set data.eval_batch_size=8 --set "train.steps=$gpt2_steps"
       --set log.every_steps=10 --set optimizer.schedule.warmup_steps=5)
@@ -263,7 +269,7 @@ printf '%-22s %s\n' "GPU tests (1 process)" "${test_row[np1]:-not run}"
 (( gpus >= 2 )) && printf '%-22s %s\n' "GPU tests ($gpus ranks)" "${test_row[np$gpus]:-not run}"
 printf '%-22s %s\n' "NCCL set-up drill" "$drill_row"
 printf '%-22s %-6s %-14s %-10s %s\n' "run" "prec" "samples/s" "MFU" "status"
-for row in "MLP" "GPT fortunes" "GPT-2 124M shape"; do
+for row in "MLP" "GPT fortunes" "CNN" "GPT-2 124M shape"; do
   for p in fp32 fp16 bf16; do
     [[ -n ${status[$row/$p]:-} ]] || continue
     printf '%-22s %-6s %-14s %-10s %s\n' "$row" "$p" "${sps[$row/$p]:-n/a}" "${mfu[$row/$p]:--}" "${status[$row/$p]}"

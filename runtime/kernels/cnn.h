@@ -1,8 +1,11 @@
-// The convolutional-network op families on the CPU: 2-d convolution (oneDNN's convolution primitives), BatchNorm
-// statistics and normalisation, max and average pooling. Every tensor is NCHW (row-major [N, C, H, W]) and FP32,
-// except the 16-bit inputs a convolution or BatchNorm also takes (below); the layers in runtime/nn/conv.h cast at their
-// boundaries (autocast). Only the CPU backend implements them: a
-// tensor on the GPU is an Error here, and config validation refuses CNN models on the GPU backend before that.
+// The convolutional-network op families: 2-d convolution, BatchNorm statistics and normalisation, max and average
+// pooling, the residual add. Every tensor is NCHW (row-major [N, C, H, W]) and FP32, except the 16-bit inputs a
+// convolution or BatchNorm also takes (below); the layers in runtime/nn/conv.h cast at their boundaries (autocast).
+// The CPU backend runs oneDNN's convolution primitives and the loops of kernels/cpu/cnn_kernels.cc; when an op's
+// tensors are on the GPU, the CUDA backend runs cuDNN's convolutions and the kernels of kernels/cuda/cnn_kernels.cu
+// (kernels/cuda/cuda_cnn_ops.cc: which results equal the CPU's bit for bit, and the bounds of the others). All of an
+// op's tensors are on one device; the `sums` spans of BatchNorm are host memory on both backends (the GPU backend
+// copies them, which waits for the GPU: the statistics are formed on the host).
 //
 // Output sizes follow torch.nn.Conv2d / MaxPool2d (floor mode):
 //   out = (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1.
@@ -24,6 +27,9 @@ struct ConvShape {
   int64_t stride = 1, pad = 0, dilation = 1, groups = 1;
   int64_t out_h() const { return (h + 2 * pad - dilation * (kh - 1) - 1) / stride + 1; }
   int64_t out_w() const { return (w + 2 * pad - dilation * (kw - 1) - 1) / stride + 1; }
+  // Throws Error naming the shape unless n >= 0, every other size, the stride and the dilation are positive,
+  // pad >= 0, groups divides c and k, the output is not empty, and every size fits in an int (cuDNN's descriptors).
+  void validate() const;
 };
 // y [N, K, OH, OW] = conv(x [N, C, H, W], w [K, C/groups, kh, kw]) (+ bias [K]), cross-correlation as PyTorch.
 // x and w share one dtype: FP32, BF16 or FP16. The products are exact and accumulate in FP32 (DESIGN.md's
@@ -41,7 +47,10 @@ void conv2d_backward_data(const ConvShape& s, const Tensor& dy, const Tensor& w,
 // convolution_backward_weights); added to dw / dbias when accumulate (a later micro-batch of the step), else written.
 void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& dy, Tensor& dw, Tensor* dbias,
                              bool accumulate);
-// The oneDNN implementation chosen for a forward convolution of this shape with operands of `dtype` (e.g.
+// Whether the GPU backend can run convolutions: the build has the CUDA backend and cuDNN. Config validation
+// refuses CNN models on the GPU when it cannot.
+bool gpu_convolutions();
+// The CPU backend's oneDNN implementation chosen for a forward convolution of this shape with operands of `dtype` (e.g.
 // "jit:avx512_core_bf16", "jit:avx512_core", "gemm:jit").
 std::string conv2d_implementation(const ConvShape& s, DType dtype = DType::kFloat32);
 
@@ -83,12 +92,16 @@ struct PoolShape {
   int64_t out_w() const { return (w + 2 * pad - kernel) / stride + 1; }
 };
 // y [N, C, OH, OW] = max over each window (padding is -inf, as PyTorch); argmax [N*C*OH*OW] int32 (the flat
-// index inside the [H, W] plane), saved for the backward. A NaN in a window is the window's maximum (PyTorch).
+// index inside the [H, W] plane; memory on x's device), saved for the backward. A NaN in a window is the window's maximum (PyTorch).
 void maxpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y, std::span<int32_t> argmax);
 // dx = scatter-add of dy to the saved argmax positions (dx is written whole).
 void maxpool2d_backward(const PoolShape& s, const Tensor& dy, std::span<const int32_t> argmax, Tensor& dx);
 // Average over each window, padding counted (count_include_pad = True, PyTorch's default).
 void avgpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y);
 void avgpool2d_backward(const PoolShape& s, const Tensor& dy, Tensor& dx);
+// torch.nn.AdaptiveAvgPool2d((1, 1)): y [N, C] (or [N, C, 1, 1]) = the in-order FP32 sum over each [H, W] plane of
+// x times 1 / (H * W); the backward writes dx [N, C, H, W] = dy[n, c] * (1 / (H * W)). FP32 tensors.
+void global_avgpool2d_forward(const Tensor& x, Tensor& y);
+void global_avgpool2d_backward(const Tensor& dy, Tensor& dx);
 
 }  // namespace ampdist::kernels

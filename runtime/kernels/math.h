@@ -96,6 +96,18 @@ AMPDIST_HOST_DEVICE float layernorm_backward(float g, float xhat, float mean_g, 
   return rstd * (g - mean_g - xhat * mean_gx);
 }
 
+// BatchNorm (Ioffe & Szegedy 2015) in training or evaluation mode, per element of channel c, as
+// torch.nn.BatchNorm2d: y = (x - mean) * scale + beta with scale = invstd * gamma formed once per channel in FP32.
+AMPDIST_HOST_DEVICE float batchnorm_scale(float invstd, float gamma) { return invstd * gamma; }
+AMPDIST_HOST_DEVICE float batchnorm(float x, float mean, float scale, float beta) { return (x - mean) * scale + beta; }
+// d/dx in double, with g = dy, xhat = (x - mean) * invstd, k = gamma * invstd and the channel means
+// mean_g = sum g / count, mean_gx = sum g xhat / count (0 and 0 in evaluation mode, where the statistics are
+// constants): dx = k * (g - mean_g - xhat * mean_gx).
+AMPDIST_HOST_DEVICE double batchnorm_backward(double g, double x, double mean, double invstd, double k, double mean_g,
+                                              double mean_gx) {
+  return k * (g - mean_g - (x - mean) * invstd * mean_gx);
+}
+
 // Softmax over a row with the row maximum subtracted (no overflow for any finite score). A masked entry is never
 // passed here: it contributes probability 0. A row with no unmasked entry has sum 0, and its normaliser is 0, so
 // the whole row's probabilities and output are 0 instead of 0/0 = NaN.

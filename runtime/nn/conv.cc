@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "runtime/core/device.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/transformer.h"
 
@@ -15,11 +16,11 @@ const Tensor& in_dtype(const Tensor& x, DType dtype, Tensor& buffer) {
   kernels::cast(x, buffer);
   return buffer;
 }
-void check_cpu(const Tensor& x, const std::string& layer) {
-  if (x.device() != Device::kCPU)
-    throw Error(layer + ": convolutional layers run on the CPU backend only (got a GPU tensor)");
-}
 const Tensor kNone;
+// n FP32 values from the host into t (on its device; a memcpy on the CPU).
+void to_device(Tensor& t, const float* host, int64_t n) {
+  device::copy(t.data(), t.device(), host, Device::kCPU, static_cast<size_t>(n) * sizeof(float));
+}
 
 }  // namespace
 
@@ -52,7 +53,6 @@ void Conv2d::collect_parameters(std::vector<Parameter*>& out) {
 }
 
 const Tensor& Conv2d::forward(const Tensor& x) {
-  check_cpu(x, "Conv2d " + name());
   if (x.ndim() != 4 || x.dim(1) != o_.in)
     throw Error("Conv2d " + name() + ": input " + shape_str(x.shape()) + ", expected [N, " + std::to_string(o_.in) +
                 ", H, W]");
@@ -66,7 +66,7 @@ const Tensor& Conv2d::forward(const Tensor& x) {
   w_saved_ = weight_.weights_for(dtype_);
   const Tensor* b32 = o_.bias ? &in_dtype(bias_.weights_for(dtype_), DType::kFloat32, b32_) : nullptr;
   // In the working dtype: the kernel rounds the FP32 result (bias included) once.
-  y_.ensure({shape_.n, o_.out, shape_.out_h(), shape_.out_w()}, dtype_);
+  y_.ensure({shape_.n, o_.out, shape_.out_h(), shape_.out_w()}, dtype_, x.device());
   kernels::conv2d_forward(shape_, x_saved_, w_saved_, b32, y_);
   return y_;
 }
@@ -80,7 +80,7 @@ const Tensor& Conv2d::backward(const Tensor& dy_in, GradContext& ctx) {
     if (o_.bias) ctx.on_grad_ready(bias_);
   }
   if (!ctx.need_input_grad) return kNone;
-  dx_.ensure({shape_.n, shape_.c, shape_.h, shape_.w}, dtype_);
+  dx_.ensure({shape_.n, shape_.c, shape_.h, shape_.w}, dtype_, dy.device());
   kernels::conv2d_backward_data(shape_, dy, w_saved_, dx_);
   return dx_;
 }
@@ -124,7 +124,6 @@ void BatchNorm2d::collect_buffers(std::vector<Buffer*>& out) {
 }
 
 const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
-  check_cpu(x_in, "BatchNorm2d " + name());
   if (x_in.ndim() != 4 || x_in.dim(1) != channels_)
     throw Error("BatchNorm2d " + name() + ": input " + shape_str(x_in.shape()) + ", expected [N, " +
                 std::to_string(channels_) + ", H, W]");
@@ -132,12 +131,17 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
   x_saved_ = x_in;
   const Tensor& x = x_saved_;
   const int64_t C = channels_;
-  mean_.ensure({C}, DType::kFloat32);
-  var_.ensure({C}, DType::kFloat32);
-  invstd_.ensure({C}, DType::kFloat32);
-  float* m = mean_.data_as<float>();
-  float* v = var_.data_as<float>();
-  float* is = invstd_.data_as<float>();
+  const Device dev = x.device();
+  mean_.ensure({C}, DType::kFloat32, dev);
+  var_.ensure({C}, DType::kFloat32, dev);
+  invstd_.ensure({C}, DType::kFloat32, dev);
+  // The statistics are formed on the host (from the sums, or the running statistics, which are host buffers) and
+  // copied to the GPU when the layer runs there.
+  const bool on_host = dev == Device::kCPU;
+  if (!on_host) host_stats_.resize(static_cast<size_t>(3 * C));
+  float* m = on_host ? mean_.data_as<float>() : host_stats_.data();
+  float* v = on_host ? var_.data_as<float>() : host_stats_.data() + C;
+  float* is = on_host ? invstd_.data_as<float>() : host_stats_.data() + 2 * C;
   if (training_) {
     std::span<double> sums(sums_);
     kernels::batchnorm_sums(x, sums.first(static_cast<size_t>(2 * C)));
@@ -170,7 +174,12 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
     }
     count_ = 0;
   }
-  y_.ensure(x.shape(), out_dtype_);
+  if (!on_host) {
+    to_device(mean_, m, C);
+    to_device(var_, v, C);
+    to_device(invstd_, is, C);
+  }
+  y_.ensure(x.shape(), out_dtype_, dev);
   kernels::batchnorm_apply(x, mean_, invstd_, weight_.master, bias_.master, y_, relu_);
   return y_;
 }
@@ -182,13 +191,32 @@ const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
   const Tensor* relu_y = relu_ ? &y_ : nullptr;
   kernels::batchnorm_backward_sums(x_saved_, dy, mean_, invstd_, sums, relu_y);
   // This rank's share of dgamma = sum dy * xhat and dbeta = sum dy (the gradient reduction sums the ranks').
-  float* gw = weight_.grad.data_as<float>();
-  float* gb = bias_.grad.data_as<float>();
-  for (int64_t c = 0; c < C; ++c) {
-    const float dg = static_cast<float>(sums[static_cast<size_t>(C + c)]);
-    const float db = static_cast<float>(sums[static_cast<size_t>(c)]);
-    gw[c] = ctx.accumulate ? gw[c] + dg : dg;
-    gb[c] = ctx.accumulate ? gb[c] + db : db;
+  if (weight_.grad.device() == Device::kCPU) {
+    float* gw = weight_.grad.data_as<float>();
+    float* gb = bias_.grad.data_as<float>();
+    for (int64_t c = 0; c < C; ++c) {
+      const float dg = static_cast<float>(sums[static_cast<size_t>(C + c)]);
+      const float db = static_cast<float>(sums[static_cast<size_t>(c)]);
+      gw[c] = ctx.accumulate ? gw[c] + dg : dg;
+      gb[c] = ctx.accumulate ? gb[c] + db : db;
+    }
+  } else {
+    // The same FP32 values, formed on the host, copied (or added, as above) into the GPU's gradient buffer.
+    host_stats_.resize(static_cast<size_t>(3 * C));
+    for (int64_t c = 0; c < C; ++c) {
+      host_stats_[static_cast<size_t>(c)] = static_cast<float>(sums[static_cast<size_t>(C + c)]);
+      host_stats_[static_cast<size_t>(C + c)] = static_cast<float>(sums[static_cast<size_t>(c)]);
+    }
+    grad_stage_.ensure({2 * C}, DType::kFloat32, weight_.grad.device());
+    to_device(grad_stage_, host_stats_.data(), 2 * C);
+    Tensor dg = Tensor::view(grad_stage_.data(), {C}, DType::kFloat32, grad_stage_.device());
+    Tensor db = Tensor::view(grad_stage_.data_as<float>() + C, {C}, DType::kFloat32, grad_stage_.device());
+    for (auto [grad, stage] : {std::pair{&weight_.grad, &dg}, std::pair{&bias_.grad, &db}}) {
+      if (ctx.accumulate)
+        kernels::add_inplace(*grad, *stage);
+      else
+        device::copy(grad->data(), grad->device(), stage->data(), stage->device(), grad->nbytes());
+    }
   }
   if (ctx.on_grad_ready) {
     ctx.on_grad_ready(weight_);
@@ -198,7 +226,7 @@ const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
   // collective is matched even when this rank's dx is not needed).
   if (allreduce_ && count_ > 0) allreduce_(sums);
   if (!ctx.need_input_grad) return kNone;
-  dx_.ensure(x_saved_.shape(), x_saved_.dtype());
+  dx_.ensure(x_saved_.shape(), x_saved_.dtype(), x_saved_.device());
   kernels::batchnorm_backward_dx(x_saved_, dy, mean_, invstd_, weight_.master, sums, count_, dx_, relu_y);
   return dx_;
 }
@@ -216,7 +244,6 @@ Pool2d::Pool2d(std::string name, Kind kind, int64_t kernel, int64_t stride, int6
 }
 
 const Tensor& Pool2d::forward(const Tensor& x_in) {
-  check_cpu(x_in, "Pool2d " + name());
   if (x_in.ndim() != 4) throw Error("Pool2d " + name() + ": input " + shape_str(x_in.shape()) + " is not NCHW");
   const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
   s_.n = x.dim(0);
@@ -225,10 +252,10 @@ const Tensor& Pool2d::forward(const Tensor& x_in) {
   s_.w = x.dim(3);
   if (s_.out_h() <= 0 || s_.out_w() <= 0)
     throw Error("Pool2d " + name() + ": input " + shape_str(x.shape()) + " is smaller than the window");
-  y_.ensure({s_.n, s_.c, s_.out_h(), s_.out_w()}, DType::kFloat32);
+  y_.ensure({s_.n, s_.c, s_.out_h(), s_.out_w()}, DType::kFloat32, x.device());
   if (kind_ == Kind::kMax) {
-    argmax_.resize(static_cast<size_t>(y_.numel()));
-    kernels::maxpool2d_forward(s_, x, y_, argmax_);
+    argmax_.ensure({y_.numel()}, DType::kFloat32, x.device());  // int32 indices in 4-byte elements
+    kernels::maxpool2d_forward(s_, x, y_, argmax());
   } else {
     kernels::avgpool2d_forward(s_, x, y_);
   }
@@ -238,43 +265,28 @@ const Tensor& Pool2d::forward(const Tensor& x_in) {
 const Tensor& Pool2d::backward(const Tensor& dy_in, GradContext& ctx) {
   if (!ctx.need_input_grad) return kNone;
   const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy_cast_);
-  dx_.ensure({s_.n, s_.c, s_.h, s_.w}, DType::kFloat32);
+  dx_.ensure({s_.n, s_.c, s_.h, s_.w}, DType::kFloat32, dy.device());
   if (kind_ == Kind::kMax)
-    kernels::maxpool2d_backward(s_, dy, argmax_, dx_);
+    kernels::maxpool2d_backward(s_, dy, argmax(), dx_);
   else
     kernels::avgpool2d_backward(s_, dy, dx_);
   return dx_;
 }
 
 const Tensor& GlobalAvgPool2d::forward(const Tensor& x_in) {
-  check_cpu(x_in, "GlobalAvgPool2d " + name());
   if (x_in.ndim() != 4) throw Error("GlobalAvgPool2d " + name() + ": input " + shape_str(x_in.shape()) + " is not NCHW");
   const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
   in_shape_ = x.shape();
-  const int64_t rows = x.dim(0) * x.dim(1), hw = x.dim(2) * x.dim(3);
-  y_.ensure({x.dim(0), x.dim(1), 1, 1}, DType::kFloat32);
-  const float* p = x.data_as<float>();
-  float* q = y_.data_as<float>();
-  const float inv = 1.0f / static_cast<float>(hw);
-  for (int64_t r = 0; r < rows; ++r) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < hw; ++i) acc += p[r * hw + i];
-    q[r] = acc * inv;
-  }
+  y_.ensure({x.dim(0), x.dim(1), 1, 1}, DType::kFloat32, x.device());
+  kernels::global_avgpool2d_forward(x, y_);
   return y_;
 }
 
 const Tensor& GlobalAvgPool2d::backward(const Tensor& dy_in, GradContext& ctx) {
   if (!ctx.need_input_grad) return kNone;
-  Tensor dy32;
-  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy32);
-  dx_.ensure(in_shape_, DType::kFloat32);
-  const int64_t rows = in_shape_[0] * in_shape_[1], hw = in_shape_[2] * in_shape_[3];
-  const float inv = 1.0f / static_cast<float>(hw);
-  const float* g = dy.data_as<float>();
-  float* q = dx_.data_as<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < hw; ++i) q[r * hw + i] = g[r] * inv;
+  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy_cast_);
+  dx_.ensure(in_shape_, DType::kFloat32, dy.device());
+  kernels::global_avgpool2d_backward(dy, dx_);
   return dx_;
 }
 
@@ -363,15 +375,14 @@ const Tensor& BasicBlock::forward(const Tensor& x_in) {
   const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
   const Tensor& h = bn2_->forward(conv2_->forward(bn1_->forward(conv1_->forward(x))));
   const Tensor& s = down_conv_ ? down_bn_->forward(down_conv_->forward(x)) : x;
-  y_.ensure(h.shape(), DType::kFloat32);
+  y_.ensure(h.shape(), DType::kFloat32, h.device());
   kernels::residual_add(h, s, y_, /*relu=*/true);
   return y_;
 }
 
 const Tensor& BasicBlock::backward(const Tensor& dy_in, GradContext& ctx) {
-  Tensor dy32;
-  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy32);
-  dsum_.ensure(y_.shape(), DType::kFloat32);
+  const Tensor& dy = in_dtype(dy_in, DType::kFloat32, dy_cast_);
+  dsum_.ensure(y_.shape(), DType::kFloat32, dy.device());
   kernels::relu_backward(y_, dy, dsum_);
   const bool outer_need = ctx.need_input_grad;
   ctx.need_input_grad = true;
@@ -388,7 +399,7 @@ const Tensor& BasicBlock::backward(const Tensor& dy_in, GradContext& ctx) {
     ds = &down_conv_->backward(gb, ctx);
   }
   if (!outer_need) return kNone;
-  dx_.ensure(dx_branch.shape(), DType::kFloat32);
+  dx_.ensure(dx_branch.shape(), DType::kFloat32, dx_branch.device());
   kernels::residual_add(dx_branch, *ds, dx_, /*relu=*/false);
   return dx_;
 }

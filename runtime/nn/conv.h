@@ -1,6 +1,7 @@
 // Convolutional layers: Conv2d, BatchNorm2d, MaxPool2d, AvgPool2d, GlobalAvgPool2d, Flatten, ImageView and the
-// residual BasicBlock of ResNet (He et al. 2016). Tensors are NCHW: [N, C, H, W] row-major. CPU backend only (the
-// kernels in runtime/kernels/cnn.h); config validation refuses CNN models on the GPU backend.
+// residual BasicBlock of ResNet (He et al. 2016). Tensors are NCHW: [N, C, H, W] row-major, on the CPU or the GPU
+// (the kernels in runtime/kernels/cnn.h; on the GPU cuDNN's convolutions, which a build may lack:
+// kernels::gpu_convolutions()).
 //
 // Autocast:
 //   conv2d (working dtype): the input and the weights are in the working dtype (cast at the boundary), products and
@@ -101,6 +102,8 @@ class BatchNorm2d : public Module {
   Parameter weight_, bias_;
   Buffer running_mean_, running_var_, tracked_;
   Tensor x_saved_, y_, mean_, var_, invstd_, dx_;
+  Tensor grad_stage_;               // on the GPU: dgamma and dbeta, formed on the host, before they reach the buffer
+  std::vector<float> host_stats_;  // on the GPU: the host copy of mean, var and invstd (or of dgamma and dbeta)
   double count_ = 0;  // elements per channel of the last training forward (global when synchronised)
   std::vector<double> sums_;
 };
@@ -117,7 +120,8 @@ class Pool2d : public Module {
   Kind kind_;
   kernels::PoolShape s_;
   Tensor x_cast_, y_, dy_cast_, dx_;
-  std::vector<int32_t> argmax_;
+  Tensor argmax_;  // max-pooling's int32 argmax, in a 4-byte tensor on the input's device
+  std::span<int32_t> argmax() { return {static_cast<int32_t*>(argmax_.data()), static_cast<size_t>(argmax_.numel())}; }
 };
 
 // torch.nn.AdaptiveAvgPool2d((1, 1)): [N, C, H, W] -> [N, C, 1, 1], the mean over H, W in FP32.
@@ -129,7 +133,7 @@ class GlobalAvgPool2d : public Module {
 
  private:
   Shape in_shape_;
-  Tensor x_cast_, y_, dx_;
+  Tensor x_cast_, y_, dy_cast_, dx_;
 };
 
 // torch.flatten(x, 1): [N, ...] -> [N, prod(...)], a view (no copy, the dtype kept); backward views dy back.
@@ -176,7 +180,7 @@ class BasicBlock : public Module {
  private:
   std::unique_ptr<Conv2d> conv1_, conv2_, down_conv_;
   std::unique_ptr<BatchNorm2d> bn1_, bn2_, down_bn_;
-  Tensor x_cast_, y_, dsum_, dx_;
+  Tensor x_cast_, y_, dy_cast_, dsum_, dx_;
 };
 
 }  // namespace ampdist

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "runtime/core/device.h"
+#include "runtime/kernels/cnn.h"
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/io/tokenizer.h>
@@ -239,10 +240,10 @@ void check_strings(const pb::Message& m, const std::string& prefix, const std::s
 }  // namespace
 
 void validate_for_device(const RunConfig& cfg, Device device, const std::string& source) {
-  if (device == Device::kCUDA && (cfg.model().has_cnn() || cfg.model().has_resnet()))
+  if (device == Device::kCUDA && (cfg.model().has_cnn() || cfg.model().has_resnet()) && !kernels::gpu_convolutions())
     throw BadInput(source, std::string("model.") + (cfg.model().has_cnn() ? "cnn" : "resnet") +
-                               ": convolutional models run on the CPU backend only (no GPU convolution kernels yet); "
-                               "use --device cpu");
+                               ": this build has no GPU convolutions (it was built without cuDNN); "
+                               "use --device cpu, or rebuild where cudnn.h and libcudnn are found");
 }
 
 void validate_config(const RunConfig& cfg, const std::string& source) {

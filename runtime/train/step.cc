@@ -173,7 +173,17 @@ void Trainer::commit_buffers() {
   // each rank's running statistics differ, and DDP keeps rank 0's.
   std::vector<int64_t> counts(static_cast<size_t>(comm_.world_size()), 0);
   counts[0] = buffers_->numel();
-  comm_.allgather_inplace_async(buffers_->values().data(), counts, DType::kFloat32, "model buffers broadcast")->wait();
+  Tensor& values = buffers_->values();  // host memory on either backend
+  if (device_ == Device::kCPU) {
+    comm_.allgather_inplace_async(values.data(), counts, DType::kFloat32, "model buffers broadcast")->wait();
+    return;
+  }
+  // NCCL moves device memory: the buffers travel through a device copy (wait() orders the compute stream after the
+  // collective, and the copy back to the host waits for the stream).
+  buffer_stage_.ensure(values.shape(), DType::kFloat32, device_);
+  device::copy(buffer_stage_.data(), device_, values.data(), Device::kCPU, values.nbytes());
+  comm_.allgather_inplace_async(buffer_stage_.data(), counts, DType::kFloat32, "model buffers broadcast")->wait();
+  device::copy(values.data(), Device::kCPU, buffer_stage_.data(), device_, values.nbytes());
 }
 
 bool Trainer::agreed_found_inf() {

@@ -7,8 +7,8 @@
 #  3. configs/resnet18.pbtxt (small-image stem) on 2 ranks; `ampdist ckpt export` loads into
 #     torchvision.models.resnet18 (conv1 a 3x3 conv on one channel, maxpool nn.Identity) with
 #     load_state_dict(strict=True), and torchvision's evaluation gives ampdist's test accuracy;
-#  4. the GPU backend refuses a conv model with one line (exit 2) when --device cuda resolves to a GPU (skipped
-#     without one).
+#  4. on the GPU backend (skipped without a GPU): the CNN config trains 16 steps in bf16 on one rank (exit 0, loss
+#     falls) in a build with cuDNN; a build without cuDNN refuses the model (exit 2).
 # Usage: test_cnn.sh AMPDIST_BINARY SOURCE_DIR
 source "$(dirname "$0")/lib.sh" cnn "$@"
 
@@ -115,14 +115,22 @@ assert ev["test_samples"] == n and abs(correct - ours) <= 1, (correct, ours)
 PY
 fi
 
-# ---- 4. the GPU backend refuses conv models ------------------------------------------------------------------------
-timeout 60 "$AMPDIST" train "${cnn[@]}" --device cuda --run-dir "$TMP/gpu" > "$TMP/gpu.txt" 2>&1
+# ---- 4. the GPU backend ---------------------------------------------------------------------------------------------
+timeout 300 "$AMPDIST" train "${cnn[@]}" --device cuda --precision bf16 --set train.steps=16 --run-dir "$TMP/gpu" \
+  > "$TMP/gpu.txt" 2>&1
 rc=$?
 if grep -q "asks for the GPU, but" "$TMP/gpu.txt"; then
-  echo "ok - # SKIP GPU refusal: no GPU visible"
-elif [ $rc -eq 2 ] && grep -q "convolutional models run on the CPU backend only" "$TMP/gpu.txt"; then
-  ok "the GPU backend refuses model.cnn with one line (exit 2)"
+  echo "ok - # SKIP GPU run: no GPU visible"
+elif grep -q "this build has no GPU convolutions" "$TMP/gpu.txt"; then
+  [ $rc -eq 2 ] && ok "a build without cuDNN refuses model.cnn on the GPU (exit 2)" ||
+    not_ok "GPU refusal" "exit $rc: $(head -3 "$TMP/gpu.txt")"
+elif [ $rc -eq 0 ]; then
+  python3 - "$TMP/gpu/metrics.jsonl" <<'PY' && ok "fashion_mnist_cnn bf16 on the GPU: loss falls over 16 steps" || not_ok "GPU cnn metrics" "see above"
+import json, sys
+train = [r for r in map(json.loads, open(sys.argv[1])) if r["type"] == "train"]
+assert train[-1]["loss"] < 0.8 * train[0]["loss"], [r["loss"] for r in train]  # as on the CPU above
+PY
 else
-  not_ok "GPU refusal" "exit $rc: $(head -3 "$TMP/gpu.txt")"
+  not_ok "GPU cnn run" "exit $rc: $(tail -3 "$TMP/gpu.txt")"
 fi
 exit "$FAILED"

@@ -30,21 +30,9 @@
 namespace ampdist {
 namespace {
 
-Tensor random_tensor(const Shape& shape, uint32_t stream, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(shape, DType::kFloat32);
-  const RngStream rng{99, {stream, 0, 0}, RngPurpose::kSynthetic};
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = lo + (hi - lo) * rng.uniform(i);
-  return t;
-}
-
-Tensor as(const Tensor& t, DType d) {
-  if (t.dtype() == d) return t;
-  Tensor out = Tensor::empty(t.shape(), d);
-  kernels::cast(t, out);
-  return out;
-}
-
+using testing::as;
 using testing::floats;
+using testing::random_tensor;
 
 void expect_bitwise(const Tensor& got, const Tensor& want, const char* what) {
   const std::vector<float> a = floats(got), b = floats(want);

@@ -415,6 +415,7 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
 }
 
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
 
 }  // namespace gpu
 
@@ -459,6 +460,7 @@ void softmax_cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&,
   no_cuda("softmax_cross_entropy_backward");
 }
 void set_allow_tf32(bool) {}
+bool allow_tf32() { return false; }
 }  // namespace gpu
 
 #endif

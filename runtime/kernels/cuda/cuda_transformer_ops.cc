@@ -16,6 +16,7 @@
 
 #include "runtime/kernels/cuda/cuda_ops.h"
 #include "runtime/kernels/cuda/cuda_transformer_ops.h"
+#include "runtime/kernels/cuda/tensor_launch.h"
 #endif
 
 namespace ampdist::kernels::cuda {
@@ -24,16 +25,9 @@ namespace ampdist::kernels::cuda {
 
 namespace {
 
-int code(DType t) { return static_cast<int>(t); }
-void* stream() { return device::compute_stream(); }
-
-template <typename F> void launch(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    throw Error(e.what());
-  }
-}
+using detail::code;
+using detail::launch;
+using detail::stream;
 
 // Host values copied into a device scratch slot (grown to the largest request; one stream, so uses never overlap).
 struct Buffers {
