@@ -227,10 +227,21 @@ SyntheticDataset::SyntheticDataset(int64_t samples, int64_t features, int32_t cl
     RngStream s{seed_, {kCentreStream, static_cast<uint32_t>(c), 0}, RngPurpose::kSynthetic};
     normals(s, 0, dim_, centres_.data() + static_cast<size_t>(c) * dim_);
   }
+  if (n_ <= kCacheBytes / static_cast<int64_t>(sizeof(float)) / dim_) {
+    cache_.resize(static_cast<size_t>(n_ * dim_));
+    cache_labels_.resize(static_cast<size_t>(n_));
+    for (int64_t i = 0; i < n_; ++i) draw(i, cache_.data() + i * dim_, &cache_labels_[static_cast<size_t>(i)]);
+  }
 }
 
 void SyntheticDataset::get(int64_t index, float* features, int32_t* label) const {
   AMPDIST_CHECK(index >= 0 && index < n_, "sample " + std::to_string(index) + " of " + std::to_string(n_));
+  if (cache_.empty()) return draw(index, features, label);
+  std::memcpy(features, cache_.data() + index * dim_, static_cast<size_t>(dim_) * sizeof(float));
+  *label = cache_labels_[static_cast<size_t>(index)];
+}
+
+void SyntheticDataset::draw(int64_t index, float* features, int32_t* label) const {
   uint64_t i = static_cast<uint64_t>(index);
   RngStream s{seed_, {split_, static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32)}, RngPurpose::kSynthetic};
   int32_t c = static_cast<int32_t>((uint64_t{s.bits(0)} * static_cast<uint64_t>(classes_)) >> 32);

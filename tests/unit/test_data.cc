@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/core/error.h"
@@ -335,6 +336,35 @@ TEST(SyntheticDataset, Deterministic) {
     EXPECT_EQ(ya, yb);
     EXPECT_EQ(xa, xb) << "sample " << i;  // bitwise: same seed, same numbers
     EXPECT_EQ(sample(a, i, &ya), xa) << "a second read of sample " << i << " differs";
+  }
+}
+
+TEST(SyntheticDataset, KeptSamplesAreTheDrawnOnes) {
+  // 16 x 65536 features (4 MiB) are drawn when the set is made and then copied; 1100 x 65536 (275 MiB) are over
+  // kCacheBytes and drawn on every read. A sample depends on (seed, split, index) only, so both sets hold the same
+  // first 16, whichever thread reads them.
+  constexpr int64_t kDim = 65536;
+  static_assert(1100 * kDim * 4 > SyntheticDataset::kCacheBytes && 16 * kDim * 4 <= SyntheticDataset::kCacheBytes);
+  SyntheticDataset kept(16, kDim, 5, 1.0f, 42, 0), drawn(1100, kDim, 5, 1.0f, 42, 0);
+  std::vector<std::vector<float>> first(16);
+  std::vector<int32_t> labels(16);
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t)
+    readers.emplace_back([&, t] {
+      for (int64_t i = t; i < 16; i += 2) {
+        int32_t y = -1;
+        std::vector<float> x = sample(kept, i, &y);
+        if (t < 2) first[static_cast<size_t>(i)] = std::move(x), labels[static_cast<size_t>(i)] = y;
+      }
+    });
+  for (std::thread& r : readers) r.join();
+  for (int64_t i = 0; i < 16; ++i) {
+    int32_t y_kept = -1, y_drawn = -2;
+    const std::vector<float> again = sample(kept, i, &y_kept), fresh = sample(drawn, i, &y_drawn);
+    EXPECT_EQ(again, fresh) << "sample " << i;  // bitwise
+    EXPECT_EQ(first[static_cast<size_t>(i)], fresh) << "sample " << i;
+    EXPECT_EQ(y_kept, y_drawn);
+    EXPECT_EQ(labels[static_cast<size_t>(i)], y_drawn);
   }
 }
 
