@@ -135,13 +135,12 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
   mean_.ensure({C}, DType::kFloat32, dev);
   var_.ensure({C}, DType::kFloat32, dev);
   invstd_.ensure({C}, DType::kFloat32, dev);
-  // The statistics are formed on the host (from the sums, or the running statistics, which are host buffers) and
-  // copied to the GPU when the layer runs there.
-  const bool on_host = dev == Device::kCPU;
-  if (!on_host) host_stats_.resize(static_cast<size_t>(3 * C));
-  float* m = on_host ? mean_.data_as<float>() : host_stats_.data();
-  float* v = on_host ? var_.data_as<float>() : host_stats_.data() + C;
-  float* is = on_host ? invstd_.data_as<float>() : host_stats_.data() + 2 * C;
+  // The statistics are formed on the host (from the sums, or the running statistics, which are host buffers), then
+  // copied to x's device.
+  host_stats_.resize(static_cast<size_t>(3 * C));
+  float* m = host_stats_.data();
+  float* v = m + C;
+  float* is = m + 2 * C;
   if (training_) {
     std::span<double> sums(sums_);
     kernels::batchnorm_sums(x, sums.first(static_cast<size_t>(2 * C)));
@@ -174,11 +173,9 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
     }
     count_ = 0;
   }
-  if (!on_host) {
-    to_device(mean_, m, C);
-    to_device(var_, v, C);
-    to_device(invstd_, is, C);
-  }
+  to_device(mean_, m, C);
+  to_device(var_, v, C);
+  to_device(invstd_, is, C);
   y_.ensure(x.shape(), out_dtype_, dev);
   kernels::batchnorm_apply(x, mean_, invstd_, weight_.master, bias_.master, y_, relu_);
   return y_;
@@ -191,32 +188,22 @@ const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
   const Tensor* relu_y = relu_ ? &y_ : nullptr;
   kernels::batchnorm_backward_sums(x_saved_, dy, mean_, invstd_, sums, relu_y);
   // This rank's share of dgamma = sum dy * xhat and dbeta = sum dy (the gradient reduction sums the ranks').
-  if (weight_.grad.device() == Device::kCPU) {
-    float* gw = weight_.grad.data_as<float>();
-    float* gb = bias_.grad.data_as<float>();
-    for (int64_t c = 0; c < C; ++c) {
-      const float dg = static_cast<float>(sums[static_cast<size_t>(C + c)]);
-      const float db = static_cast<float>(sums[static_cast<size_t>(c)]);
-      gw[c] = ctx.accumulate ? gw[c] + dg : dg;
-      gb[c] = ctx.accumulate ? gb[c] + db : db;
-    }
-  } else {
-    // The same FP32 values, formed on the host, copied (or added, as above) into the GPU's gradient buffer.
-    host_stats_.resize(static_cast<size_t>(3 * C));
-    for (int64_t c = 0; c < C; ++c) {
-      host_stats_[static_cast<size_t>(c)] = static_cast<float>(sums[static_cast<size_t>(C + c)]);
-      host_stats_[static_cast<size_t>(C + c)] = static_cast<float>(sums[static_cast<size_t>(c)]);
-    }
-    grad_stage_.ensure({2 * C}, DType::kFloat32, weight_.grad.device());
-    to_device(grad_stage_, host_stats_.data(), 2 * C);
-    Tensor dg = Tensor::view(grad_stage_.data(), {C}, DType::kFloat32, grad_stage_.device());
-    Tensor db = Tensor::view(grad_stage_.data_as<float>() + C, {C}, DType::kFloat32, grad_stage_.device());
-    for (auto [grad, stage] : {std::pair{&weight_.grad, &dg}, std::pair{&bias_.grad, &db}}) {
-      if (ctx.accumulate)
-        kernels::add_inplace(*grad, *stage);
-      else
-        device::copy(grad->data(), grad->device(), stage->data(), stage->device(), grad->nbytes());
-    }
+  // Formed on the host as FP32, staged on the gradient buffer's device, then written or added (a later
+  // micro-batch) into it.
+  host_stats_.resize(static_cast<size_t>(3 * C));
+  for (int64_t c = 0; c < C; ++c) {
+    host_stats_[static_cast<size_t>(c)] = static_cast<float>(sums[static_cast<size_t>(C + c)]);
+    host_stats_[static_cast<size_t>(C + c)] = static_cast<float>(sums[static_cast<size_t>(c)]);
+  }
+  grad_stage_.ensure({2 * C}, DType::kFloat32, weight_.grad.device());
+  to_device(grad_stage_, host_stats_.data(), 2 * C);
+  const Tensor dg = Tensor::view(grad_stage_.data(), {C}, DType::kFloat32, grad_stage_.device());
+  const Tensor db = Tensor::view(grad_stage_.data_as<float>() + C, {C}, DType::kFloat32, grad_stage_.device());
+  for (auto [grad, stage] : {std::pair{&weight_.grad, &dg}, std::pair{&bias_.grad, &db}}) {
+    if (ctx.accumulate)
+      kernels::add_inplace(*grad, *stage);
+    else
+      device::copy(grad->data(), grad->device(), stage->data(), stage->device(), grad->nbytes());
   }
   if (ctx.on_grad_ready) {
     ctx.on_grad_ready(weight_);

@@ -102,8 +102,8 @@ class BatchNorm2d : public Module {
   Parameter weight_, bias_;
   Buffer running_mean_, running_var_, tracked_;
   Tensor x_saved_, y_, mean_, var_, invstd_, dx_;
-  Tensor grad_stage_;               // on the GPU: dgamma and dbeta, formed on the host, before they reach the buffer
-  std::vector<float> host_stats_;  // on the GPU: the host copy of mean, var and invstd (or of dgamma and dbeta)
+  Tensor grad_stage_;               // dgamma and dbeta on the gradient buffer's device, before they reach it
+  std::vector<float> host_stats_;  // mean, var and invstd as formed on the host (or dgamma and dbeta)
   double count_ = 0;  // elements per channel of the last training forward (global when synchronised)
   std::vector<double> sums_;
 };
