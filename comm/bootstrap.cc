@@ -22,6 +22,14 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   // alternated with those. Buckets are megabytes, where the ring is bandwidth-optimal, so it is the default here;
   // a value the user set wins.
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+  // A process started without a launcher (MPI's singleton mode) is a world of one. By default Open MPI 4 forks an
+  // orted for it, which outlives the process: it removes the session directory /tmp/ompi.<host>.<uid> some 30 ms
+  // after the process has exited (seen with strace -f). An mpirun started in that window has just found the
+  // directory present and then fails to create its own subdirectory in it ("ORTE_ERROR_LOG: Error in file
+  // session_dir.c at line 107", orte_init fails), as after `ampdist prepare-text ...; mpirun ... ampdist train`.
+  // An isolated singleton forks nothing and removes its (empty) session directories itself before it exits. It
+  // cannot MPI_Comm_spawn, which ampdist never does. Only singleton start-up reads this variable.
+  setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
   int provided = 0;
   if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
     throw Error("MPI_Init_thread failed");

@@ -16,8 +16,9 @@ class MpiRuntime {
  public:
   // MPI_Init_thread(MPI_THREAD_FUNNELED): only the main thread calls MPI (the loader and watchdog threads never
   // do). A no-op when MPI is already initialised, in which case the destructor leaves it running too. Before
-  // initialising, sets OMPI_MCA_coll_libnbc_iallreduce_algorithm=1 (ring) unless the environment has a value: see
-  // bootstrap.cc for the measurement behind it.
+  // initialising, sets OMPI_MCA_coll_libnbc_iallreduce_algorithm=1 (ring) and, for a process started without a
+  // launcher, OMPI_MCA_ess_singleton_isolated=1 (no orted left behind), each unless the environment has a value: see
+  // bootstrap.cc for the measurement and the failure behind them.
   MpiRuntime(int* argc, char*** argv);
   ~MpiRuntime();
   MpiRuntime(const MpiRuntime&) = delete;

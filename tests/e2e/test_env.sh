@@ -10,6 +10,8 @@
 #     PMIx: a world of one with SLURM_NTASKS=2 in a job step) stop `env` and `train` on every rank with exit code 2
 #     and one error line naming the variables; a batch shell without srun (world of one, SLURM_NTASKS=4, no step)
 #     only gets a warning.
+#  4. A process started without a launcher (MPI's singleton mode) has removed its OpenMPI session directory by the
+#     time it exits, so an mpirun started right after it cannot find that directory vanishing under it.
 # Usage: test_env.sh AMPDIST_BINARY SOURCE_DIR
 source "$(dirname "$0")/lib.sh" env "$@"
 PY=/usr/bin/python3
@@ -135,5 +137,20 @@ SLURM_JOB_ID=7 SLURM_PROCID=0 SLURM_NTASKS=4 timeout 60 "$AMPDIST" env > "$TMP/b
 rc=$?
 [ "$rc" = 0 ] && grep -q "^warning: SLURM_NTASKS=4 but this is a world of 1: started without srun or mpirun?" "$TMP/batch.txt" &&
   ok "world of one in an allocation without srun: a warning, exit 0" || { not_ok "batch hint" "exit $rc"; show "$TMP/batch.txt"; }
+
+# ---- 4. a singleton's session directory ---------------------------------------------------------------------------
+# Open MPI 4's default singleton forks an orted that removes /tmp/ompi.<host>.<uid> some 30 ms after the process
+# exits; an mpirun starting in that window fails in orte_init ("session_dir.c at line 107"). The check runs right
+# after each exit, with a TMPDIR of its own so no other job's directory counts; before the fix it found the
+# directory still there after 19 of 20 runs.
+mkdir -p "$TMP/sd"
+left=0
+for _ in 1 2 3 4 5; do
+  TMPDIR="$TMP/sd" timeout 60 "$AMPDIST" env > /dev/null 2>&1 || not_ok "singleton env" "exit $?"
+  [ -n "$(ls -A "$TMP/sd")" ] && left=$((left + 1))
+  rm -rf "${TMP:?}/sd/"*
+done
+[ "$left" = 0 ] && ok "a singleton leaves no OpenMPI session directory behind when it exits (5 runs)" ||
+  not_ok "singleton session directory" "still present right after exit in $left of 5 runs"
 
 exit "$FAILED"
