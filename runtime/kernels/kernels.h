@@ -55,7 +55,9 @@ struct UnscaleResult {
   bool found_inf = false;  // any element inf or NaN after unscaling
   double sum_sq = 0.0;     // sum of squares of the unscaled finite elements (for the global norm)
 };
-// One fused pass: g[i] *= inv_scale, records non-finite elements, accumulates squares. grads: FP32.
+// One fused pass: g[i] *= inv_scale, records non-finite elements, accumulates squares. grads: FP32. At
+// inv_scale == 1 the CPU pass leaves the buffer as it is (g * 1 == g for every finite float; a NaN's payload may
+// differ, which does not matter: found_inf then skips the step).
 UnscaleResult unscale_and_check(Tensor& grads, float inv_scale);
 // The training step's form of the same pass, on the step state's fields (pointers on the tensor's device, so the GPU
 // never waits): g[i] *= *inv_scale; *found_inf = 1 when any element is inf or NaN (never cleared here);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <Eigen/Core>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,74 @@ TEST(IsaDispatch, Avx512UnscaleIsBitwiseTheAvx2Path) {
     EXPECT_EQ(ra.found_inf, rb.found_inf);
     EXPECT_TRUE(ra.found_inf);
     EXPECT_EQ(std::memcmp(&ra.sum_sq, &rb.sum_sq, sizeof(double)), 0) << ra.sum_sq << " vs " << rb.sum_sq;
+  }
+}
+
+TEST(CpuFastPaths, UnscaleSumDependsOnTheLengthNotTheThreadCount) {
+  // Past 2^20 elements the pass runs in chunks of 2^20 on the rank's threads, each chunk in its own 16 lanes, and adds
+  // the chunks' lanes in chunk order. 3.5 chunks: one thread and two must give the same bits (sum, flag, buffer), and
+  // the sum must be the order the definition names, recomputed here serially in double.
+  const int64_t chunk = int64_t{1} << 20, n = 3 * chunk + chunk / 2 + 5;
+  const Tensor g0 = random({n}, DType::kFloat32, 21, -3.0f, 3.0f);
+  for (float inv : {1.0f, 0.125f}) {
+    SCOPED_TRACE(inv);
+    Tensor a = g0.to(Device::kCPU), b = g0.to(Device::kCPU);
+    kernels::set_num_threads(1);
+    const kernels::UnscaleResult ra = kernels::unscale_and_check(a, inv);
+    kernels::set_num_threads(2);
+    const kernels::UnscaleResult rb = kernels::unscale_and_check(b, inv);
+    EXPECT_EQ(bytes(a), bytes(b));
+    EXPECT_FALSE(ra.found_inf);
+    EXPECT_FALSE(rb.found_inf);
+    EXPECT_EQ(std::memcmp(&ra.sum_sq, &rb.sum_sq, sizeof(double)), 0) << ra.sum_sq << " vs " << rb.sum_sq;
+    double lanes[16] = {};
+    const float* g = g0.data_as<float>();
+    for (int64_t c = 0; c * chunk < n; ++c) {
+      double part[16] = {};
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
+        const float v = math::unscale(g[i], inv);
+        part[(i - c * chunk) % 16] += static_cast<double>(v) * v;
+      }
+      for (int l = 0; l < 16; ++l) lanes[l] += part[l];
+    }
+    for (int step = 1; step < 16; step *= 2)
+      for (int l = 0; l + step < 16; l += 2 * step) lanes[l] += lanes[l + step];
+    EXPECT_EQ(std::memcmp(&ra.sum_sq, &lanes[0], sizeof(double)), 0) << ra.sum_sq << " vs " << lanes[0];
+  }
+  // One non-finite element in the last chunk reaches the flag from whichever thread ran that chunk.
+  Tensor c = g0.to(Device::kCPU);
+  c.data_as<float>()[n - 3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(kernels::unscale_and_check(c, 1.0f).found_inf);
+}
+
+TEST(CpuFastPaths, SixteenBitReluBlocksAreBitwiseThePerElementRounding) {
+  // The 16-bit element-wise ops widen blocks of 1024 elements, apply the FP32 function and round the block back.
+  // Every fp16 / bf16 bit pattern (NaN and inf included) must come out as rounding math::relu / math::relu_backward
+  // of that element once, through the scalar conversion (a NaN's sign and quiet bit included). 66,573 elements:
+  // 65 whole blocks and a partial one, over both threads' ranges.
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t n = 65536 + 1037;
+    Tensor x = Tensor::empty({n}, dt), dy = Tensor::empty({n}, dt), y = Tensor::empty({n}, dt);
+    Tensor dx = Tensor::empty({n}, dt);
+    auto* xb = static_cast<uint16_t*>(x.data());
+    auto* db = static_cast<uint16_t*>(dy.data());
+    for (int64_t i = 0; i < n; ++i) {
+      xb[i] = static_cast<uint16_t>(i & 0xFFFF);
+      db[i] = static_cast<uint16_t>((i * 40503) & 0xFFFF);
+    }
+    kernels::relu_forward(x, y);
+    kernels::relu_backward(x, dy, dx);
+    auto round16 = [&](float v) -> uint16_t {
+      if (dt == DType::kBFloat16) return Eigen::numext::bit_cast<uint16_t>(Eigen::bfloat16(v));
+      return Eigen::numext::bit_cast<uint16_t>(Eigen::half(v));
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      const float xv = x.item(i), dv = dy.item(i);
+      ASSERT_EQ(static_cast<const uint16_t*>(y.data())[i], round16(math::relu(xv))) << "relu, x bits " << xb[i];
+      ASSERT_EQ(static_cast<const uint16_t*>(dx.data())[i], round16(math::relu_backward(xv, dv)))
+          << "relu', x bits " << xb[i] << ", dy bits " << db[i];
+    }
   }
 }
 

@@ -183,6 +183,38 @@ void sum_rows(const Tensor& x, Tensor& out, float beta) {
 }
 
 namespace {
+// 16-bit element-wise ops run on blocks of kBlock elements: widen the block to FP32, apply the FP32 function, round
+// the block back. Each conversion is written so that the compiler vectorises it and gives the bits of the scalar
+// conversion (to_f / from_f): bf16 -> FP32 is the 16-bit shift; FP32 -> bf16 is Eigen's round-to-nearest-even
+// (add 0x7fff plus the kept lsb, keep the high half), NaN -> 0x7fc0 or 0xffc0 by its sign, as
+// Eigen::bfloat16(float) does; fp16 goes through Eigen's F16C packets, the instructions its scalar conversion uses.
+// Element by element through to_f / from_f, the 100M MLP's bf16 ReLU forward and backward took about 28 ms each per
+// step (perf), several times the memory traffic's time.
+constexpr int64_t kBlock = 1024;
+template <typename T>
+void widen_block(const T* src, float* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = Eigen::numext::bit_cast<float>(static_cast<uint32_t>(s[i]) << 16);
+  } else {
+    Eigen::Map<Eigen::ArrayXf>(dst, n) = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, n).template cast<float>();
+  }
+}
+template <typename T>
+void narrow_block(const float* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
+    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = Eigen::numext::bit_cast<uint32_t>(src[i]);
+      const uint16_t rounded = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      const uint16_t nan = static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7fc0u);
+      d[i] = src[i] != src[i] ? nan : rounded;
+    }
+  } else {
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(dst, n) = Eigen::Map<const Eigen::ArrayXf>(src, n).template cast<T>();
+  }
+}
+
 template <typename F>
 void unary(const char* op, const Tensor& x, Tensor& y, F f) {
   require_cpu(op, x);
@@ -193,7 +225,17 @@ void unary(const char* op, const Tensor& x, Tensor& y, F f) {
     const T* px = static_cast<const T*>(x.data());
     T* py = static_cast<T*>(y.data());
     parallel_ranges(x.numel(), 8192, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) py[i] = from_f<T>(f(to_f(px[i])));
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t i = b; i < e; ++i) py[i] = f(px[i]);
+      } else {
+        alignas(64) float xf[kBlock];
+        for (int64_t k = b; k < e; k += kBlock) {
+          const int64_t m = std::min(kBlock, e - k);
+          widen_block(px + k, xf, m);
+          for (int64_t i = 0; i < m; ++i) xf[i] = f(xf[i]);
+          narrow_block(xf, py + k, m);
+        }
+      }
     });
   });
 }
@@ -209,7 +251,18 @@ void binary(const char* op, const Tensor& x, const Tensor& dy, Tensor& dx, F f) 
     const T* pdy = static_cast<const T*>(dy.data());
     T* pdx = static_cast<T*>(dx.data());
     parallel_ranges(x.numel(), 8192, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) pdx[i] = from_f<T>(f(to_f(px[i]), to_f(pdy[i])));
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t i = b; i < e; ++i) pdx[i] = f(px[i], pdy[i]);
+      } else {
+        alignas(64) float xf[kBlock], df[kBlock];
+        for (int64_t k = b; k < e; k += kBlock) {
+          const int64_t m = std::min(kBlock, e - k);
+          widen_block(px + k, xf, m);
+          widen_block(pdy + k, df, m);
+          for (int64_t i = 0; i < m; ++i) xf[i] = f(xf[i], df[i]);
+          narrow_block(xf, pdx + k, m);
+        }
+      }
     });
   });
 }
@@ -382,14 +435,14 @@ namespace avx512 {
 // register, 8-15 in the second), the same float multiply, finiteness test and double multiply-then-add per lane as
 // the AVX2 loop, so acc[] is bitwise what that loop leaves. Returns the number of elements done (a multiple of 16).
 __attribute__((target("avx512f,avx512dq"))) int64_t unscale_lanes(float* g, int64_t n, float inv_scale,
-                                                                   double* acc, int* bad) {
+                                                                   double* acc, int* bad, bool store) {
   const __m512 vinv = _mm512_set1_ps(inv_scale), zero = _mm512_setzero_ps();
   __m512d lo_acc = _mm512_loadu_pd(acc), hi_acc = _mm512_loadu_pd(acc + 8);
   __mmask16 badm = 0;
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(g + i), vinv);
-    _mm512_storeu_ps(g + i, v);
+    if (store) _mm512_storeu_ps(g + i, v);
     const __m512 d = _mm512_sub_ps(v, v);  // math::is_finite
     const __mmask16 finite = _mm512_cmp_ps_mask(d, zero, _CMP_EQ_OQ);
     badm |= _mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ);
@@ -407,29 +460,22 @@ __attribute__((target("avx512f,avx512dq"))) int64_t unscale_lanes(float* g, int6
 #pragma GCC diagnostic pop
 }  // namespace avx512
 
-UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
-  require_cpu("unscale_and_check", grads);
-  float* g = grads.data_as<float>();
-  const int64_t n = grads.numel();
-  // Sixteen independent partial sums (lane = index % 16), added in a fixed order at the end. One serial chain of
-  // double additions holds the pass to one element per add latency (about 4 cycles), several times below memory
-  // bandwidth, and strict FP semantics (no -ffast-math) forbid the compiler from splitting it. The AVX-512 path
-  // (chosen at run time), the AVX path and the portable loop use the same lanes, the same operations (multiply, then add: no FMA) and the same final order,
-  // so the sum is bitwise the same on every build, run and rank.
-  constexpr int kLanes = 16;
-  alignas(32) double acc[kLanes] = {};
-  int bad = 0;
+namespace {
+constexpr int kUnscaleLanes = 16;
+// One chunk of unscale_and_check: g[0..n) *= inv_scale (when store), *bad |= any non-finite, acc[lane] += v * v of
+// the finite elements, lane = index % 16 counted from the chunk's start.
+void unscale_chunk(float* g, int64_t n, float inv_scale, bool store, double* acc, int* bad) {
   int64_t i = 0;
-  if (isa::avx512()) i = avx512::unscale_lanes(g, n, inv_scale, acc, &bad);
+  if (isa::avx512()) i = avx512::unscale_lanes(g, n, inv_scale, acc, bad, store);
 #if defined(__AVX__)
   else {
     const __m256 vinv = _mm256_set1_ps(inv_scale), zero = _mm256_setzero_ps();
-    __m256d a[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    __m256d a[4] = {_mm256_load_pd(acc), _mm256_load_pd(acc + 4), _mm256_load_pd(acc + 8), _mm256_load_pd(acc + 12)};
     __m256 badv = zero;
-    for (; i + kLanes <= n; i += kLanes) {
+    for (; i + kUnscaleLanes <= n; i += kUnscaleLanes) {
       for (int h = 0; h < 2; ++h) {
         const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(g + i + 8 * h), vinv);
-        _mm256_storeu_ps(g + i + 8 * h, v);
+        if (store) _mm256_storeu_ps(g + i + 8 * h, v);
         const __m256 d = _mm256_sub_ps(v, v);  // math::is_finite: v - v is 0 for finite v, NaN for inf and NaN
         const __m256 finite = _mm256_cmp_ps(d, zero, _CMP_EQ_OQ);
         badv = _mm256_or_ps(badv, _mm256_cmp_ps(d, zero, _CMP_NEQ_UQ));
@@ -441,23 +487,60 @@ UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
       }
     }
     for (int k = 0; k < 4; ++k) _mm256_store_pd(acc + 4 * k, a[k]);
-    bad = _mm256_movemask_ps(badv) != 0;
+    *bad |= _mm256_movemask_ps(badv) != 0;
   }
 #endif
   for (; i < n; ++i) {
     const float v = math::unscale(g[i], inv_scale);
-    g[i] = v;
+    if (store) g[i] = v;
     const bool finite = math::is_finite(v);
-    bad |= !finite;
-    acc[i % kLanes] += finite ? static_cast<double>(v) * v : 0.0;
+    *bad |= !finite;
+    acc[i % kUnscaleLanes] += finite ? static_cast<double>(v) * v : 0.0;
   }
-  double sum_sq = 0.0;
-  for (int step = 1; step < kLanes; step *= 2)  // pairwise: (0+1), (2+3), ..., then ((0+1)+(2+3)), ...
-    for (int l = 0; l + step < kLanes; l += 2 * step) acc[l] += acc[l + step];
-  sum_sq = acc[0];
+}
+}  // namespace
+
+UnscaleResult unscale_and_check(Tensor& grads, float inv_scale) {
+  require_cpu("unscale_and_check", grads);
+  float* g = grads.data_as<float>();
+  const int64_t n = grads.numel();
+  // Sixteen independent partial sums (lane = index % 16), added in a fixed order at the end. One serial chain of
+  // double additions holds the pass to one element per add latency (about 4 cycles), several times below memory
+  // bandwidth, and strict FP semantics (no -ffast-math) forbid the compiler from splitting it. The AVX-512 path
+  // (chosen at run time), the AVX path and the portable loop use the same lanes, the same operations (multiply,
+  // then add: no FMA) and the same final order, so the sum is bitwise the same on every build, run and rank.
+  // A buffer of more than kChunk elements is cut into chunks of kChunk (the last shorter), summed each in its own 16
+  // lanes on the rank's threads; the chunks' lanes are then added lane by lane in chunk order. The order depends on n
+  // only, never on the thread count. One thread read the 100M MLP's 400 MB in about 57 ms per step (7 GB/s).
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  // At a scale of 1 (fp32, bf16, and fp16 whenever the scale is 1) g * 1 is g for every finite float (no flush to
+  // zero here) and every NaN stays a NaN, which skips the step: the pass only reads, half the memory traffic.
+  const bool store = inv_scale != 1.0f;
+  alignas(32) double acc[kUnscaleLanes] = {};
+  int bad = 0;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (chunks <= 1) {
+    unscale_chunk(g, n, inv_scale, store, acc, &bad);
+  } else {
+    struct alignas(64) Part {
+      double acc[kUnscaleLanes] = {};
+      int bad = 0;
+    };
+    std::vector<Part> parts(static_cast<size_t>(chunks));
+    parallel_ranges(chunks, 1, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c)
+        unscale_chunk(g + c * kChunk, std::min(kChunk, n - c * kChunk), inv_scale, store, parts[c].acc, &parts[c].bad);
+    });
+    for (const Part& p : parts) {
+      for (int l = 0; l < kUnscaleLanes; ++l) acc[l] += p.acc[l];
+      bad |= p.bad;
+    }
+  }
+  for (int step = 1; step < kUnscaleLanes; step *= 2)  // pairwise: (0+1), (2+3), ..., then ((0+1)+(2+3)), ...
+    for (int l = 0; l + step < kUnscaleLanes; l += 2 * step) acc[l] += acc[l + step];
   UnscaleResult r;
   r.found_inf = bad != 0;
-  r.sum_sq = sum_sq;
+  r.sum_sq = acc[0];
   return r;
 }
 
@@ -543,19 +626,21 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
   }
   require_numel("sgd_step", params, momentum_buf);
   float* buf = momentum_buf.data_as<float>();
-  // The flags as compile-time constants and the buffers as non-aliasing: the loop then vectorises (the same
-  // math::sgd_update, element by element, so the results are unchanged); with run-time flags and possibly aliasing
-  // pointers it ran scalar, several times below memory bandwidth.
+  // The flags as compile-time constants, the scalars copied into the loop's own closure and the buffers as
+  // non-aliasing pointers declared in the loop's scope: the loop then vectorises (the same math::sgd_update, element
+  // by element, so the results are unchanged; CMakeLists.txt says which compile options it also needs). It ran
+  // scalar before (vmovss, per-element reloads of lr and momentum: perf annotate), about 190 ms a step for the 100M
+  // MLP's SGD with Nesterov momentum.
   auto run = [&](auto nesterov, auto first, auto decay) {
-    float* __restrict pw = w;
-    const float* __restrict pg = g;
-    float* __restrict pb = buf;
+    constexpr bool kNesterov = decltype(nesterov)::value, kFirst = decltype(first)::value;
     const float lr = p.lr, momentum = p.momentum, dampening = p.dampening;
     const float wd = decltype(decay)::value ? p.weight_decay : 0.0f;
-    parallel_ranges(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    parallel_ranges(n, int64_t{1} << 16, [=](int64_t b, int64_t e) {
+      float* __restrict pw = w;
+      const float* __restrict pg = g;
+      float* __restrict pb = buf;
       for (int64_t i = b; i < e; ++i)
-        math::sgd_update(pw[i], pg[i] * clip, pb[i], lr, momentum, dampening, decltype(nesterov)::value, wd,
-                         decltype(first)::value);
+        math::sgd_update(pw[i], pg[i] * clip, pb[i], lr, momentum, dampening, kNesterov, wd, kFirst);
     });
   };
   using T = std::true_type;
@@ -593,9 +678,16 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
   const float* g = grads.data_as<float>();
   float* pm = m.data_as<float>();
   float* pv = v.data_as<float>();
-  parallel_ranges(params.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
+  const float wd = p.weight_decay;
+  // By value and restrict, as in sgd_step, so that the loop vectorises (vsqrtps and vdivps round as the scalar
+  // instructions do: the same bits).
+  parallel_ranges(params.numel(), int64_t{1} << 16, [=](int64_t b, int64_t e) {
+    float* __restrict pw = w;
+    const float* __restrict pg = g;
+    float* __restrict pmm = pm;
+    float* __restrict pvv = pv;
     for (int64_t i = b; i < e; ++i)
-      math::adamw_update(w[i], g[i] * clip, pm[i], pv[i], lr, b1, omb1, b2, omb2, eps, p.weight_decay, bc1, bc2_sqrt);
+      math::adamw_update(pw[i], pg[i] * clip, pmm[i], pvv[i], lr, b1, omb1, b2, omb2, eps, wd, bc1, bc2_sqrt);
   });
 }
 
