@@ -19,6 +19,7 @@
 #include "runtime/core/error.h"
 #include "runtime/kernels/cnn_backends.h"
 #include "runtime/kernels/cnn_checks.h"
+#include "runtime/kernels/cpu/convert.h"
 #include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/cpu/parallel.h"
@@ -460,10 +461,8 @@ float* row_buffer(int64_t n, int slot = 0) {
   if (static_cast<int64_t>(row.size()) < n) row.resize(static_cast<size_t>(n));
   return row.data();
 }
-// The n values at p + off as FP32: p + off itself for FP32 data, else converted exactly into row buffer `slot` by
-// Eigen's vectorised conversion (that of kernels::cast). A loop converting one 16-bit value per use does not
-// vectorise: BatchNorm over a bf16 input took 16.5% of a ResNet-18 bf16 step that way (perf, AMD EPYC family 26),
-// against 0.7% over an FP32 input in the fp32 step. NoRelu (no tensor) stays a null NoRelu pointer.
+// The n values at p + off as FP32: p + off itself for FP32 data, else converted exactly into row buffer `slot`
+// (convert.h's widen_block). NoRelu (no tensor) stays a null NoRelu pointer.
 template <typename T>
 inline auto plane_f32(const T* p, int64_t off, int64_t n, int slot) {
   if constexpr (std::is_same_v<T, NoRelu>) {
@@ -472,22 +471,7 @@ inline auto plane_f32(const T* p, int64_t off, int64_t n, int slot) {
     return p + off;
   } else {
     float* v = row_buffer(n, slot);
-    const T* src = p + off;
-    int64_t i = 0;
-#ifdef __AVX2__
-    if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
-      // A bf16 value is the top half of its FP32 value (Eigen's own conversion: the bits shifted up by 16), eight at
-      // a time (perf, ResNet-18 bf16 step on an AMD EPYC family 26: the conversions took 2.9% of it this way, 6.2%
-      // through Eigen's cast).
-      for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-      }
-    }
-#endif
-    if (i < n)
-      Eigen::Map<Eigen::Array<float, Eigen::Dynamic, 1>>(v + i, n - i) =
-          Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src + i, n - i).template cast<float>();
+    cpu::widen_block(p + off, v, n);
     return static_cast<const float*>(v);
   }
 }

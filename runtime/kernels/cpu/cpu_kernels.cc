@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/kernels/checks.h"
+#include "runtime/kernels/cpu/convert.h"
 #include "runtime/kernels/cpu/isa.h"
 #include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/cpu/parallel.h"
@@ -183,37 +184,9 @@ void sum_rows(const Tensor& x, Tensor& out, float beta) {
 }
 
 namespace {
-// 16-bit element-wise ops run on blocks of kBlock elements: widen the block to FP32, apply the FP32 function, round
-// the block back. Each conversion is written so that the compiler vectorises it and gives the bits of the scalar
-// conversion (to_f / from_f): bf16 -> FP32 is the 16-bit shift; FP32 -> bf16 is Eigen's round-to-nearest-even
-// (add 0x7fff plus the kept lsb, keep the high half), NaN -> 0x7fc0 or 0xffc0 by its sign, as
-// Eigen::bfloat16(float) does; fp16 goes through Eigen's F16C packets, the instructions its scalar conversion uses.
-// Element by element through to_f / from_f, the 100M MLP's bf16 ReLU forward and backward took about 28 ms each per
-// step (perf), several times the memory traffic's time.
+// 16-bit element-wise ops run on blocks of kBlock elements: widen the block to FP32 (convert.h), apply the FP32
+// function, round the block back, with the bits of the per-element conversions.
 constexpr int64_t kBlock = 1024;
-template <typename T>
-void widen_block(const T* src, float* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
-    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) dst[i] = Eigen::numext::bit_cast<float>(static_cast<uint32_t>(s[i]) << 16);
-  } else {
-    Eigen::Map<Eigen::ArrayXf>(dst, n) = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, n).template cast<float>();
-  }
-}
-template <typename T>
-void narrow_block(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, Eigen::bfloat16>) {
-    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t u = Eigen::numext::bit_cast<uint32_t>(src[i]);
-      const uint16_t rounded = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-      const uint16_t nan = static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7fc0u);
-      d[i] = src[i] != src[i] ? nan : rounded;
-    }
-  } else {
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(dst, n) = Eigen::Map<const Eigen::ArrayXf>(src, n).template cast<T>();
-  }
-}
 
 template <typename F>
 void unary(const char* op, const Tensor& x, Tensor& y, F f) {
