@@ -90,6 +90,15 @@ void MasterWeights::fill(const std::function<void(size_t, int64_t, int64_t, floa
 void MasterWeights::cast_to_working() {
   if (sharded_ || working_dtype_ == DType::kFloat32) return;
   kernels::cast(master_, working_);
+  working_current_ = true;
+}
+
+void MasterWeights::ensure_working() {
+  if (!working_current_) cast_to_working();
+}
+
+Tensor* MasterWeights::fused_working_out() {
+  return sharded_ || working_dtype_ == DType::kFloat32 ? nullptr : &working_;
 }
 
 void MasterWeights::update_working_slice() {

@@ -49,6 +49,17 @@ class MasterWeights {
   // Unsharded: master -> working copy, one pass, round to nearest even (no-op in an FP32 run). Sharded: a no-op, the
   // working copy is kept current by update_working_slice and the all-gather.
   void cast_to_working();
+  // The training step's form of cast_to_working: skips the pass when the working copy is known to hold the master
+  // weights' rounding, which it is after cast_to_working or after an optimizer update that wrote both
+  // (fused_working_out, then mark_working_current). Any non-const access to master() (a checkpoint load, a test
+  // writing weights) forgets that, so the next call casts again.
+  void ensure_working();
+  // The working copy an optimizer update should write alongside the master weights (Optimizer::step's `working`):
+  // unsharded 16-bit runs only, else null (FP32: working is master; sharded: update_working_slice writes the slice).
+  Tensor* fused_working_out();
+  // Records that an update given fused_working_out() has run, so that the working copy is current again. The caller
+  // holds the step's order: nothing else wrote master since the update.
+  void mark_working_current() { working_current_ = fused_working_out() != nullptr; }
   // Sharded: writes this rank's slice of the working copy and of the FP32 copies from the master slice.
   void update_working_slice();
 
@@ -59,7 +70,10 @@ class MasterWeights {
   Device device() const { return device_; }
   int64_t numel() const { return layout_.numel(); }
   const FlatLayout& layout() const { return layout_; }
-  Tensor& master() { return master_; }
+  Tensor& master() {
+    working_current_ = false;  // the caller may write through it (ensure_working)
+    return master_;
+  }
   const Tensor& master() const { return master_; }
   Tensor& working() { return working_; }
   const Tensor& working() const { return working_; }
@@ -97,6 +111,7 @@ class MasterWeights {
   Tensor master_, working_, grads_, fp32_;
   std::vector<int64_t> fp32_offset_;  // per tensor: offset in fp32_, or -1
   std::vector<int64_t> slice_counts_, fp32_counts_;
+  bool working_current_ = false;  // unsharded 16-bit: the working copy is the rounding of master_ (ensure_working)
 };
 
 }  // namespace ampdist

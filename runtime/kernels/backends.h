@@ -25,9 +25,9 @@
   void sum_squares(const Tensor& x, double* out);                                                                 \
   void scale_inplace(Tensor& x, float factor);                                                                    \
   void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p,                    \
-                const StepGate* gate);                                                                            \
+                const StepGate* gate, Tensor* working);                                                           \
   void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,                \
-                  const StepGate* gate);                                                                          \
+                  const StepGate* gate, Tensor* working);                                                         \
   AbsStats abs_stats(const Tensor& x, float threshold);
 
 namespace ampdist::kernels::cpu {

@@ -28,4 +28,15 @@ GemmShape check_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_
   return s;
 }
 
+void check_working_out(const char* op, const Tensor& params, const Tensor* working) {
+  if (!working) return;
+  if (working->dtype() != DType::kFloat16 && working->dtype() != DType::kBFloat16)
+    throw Error(std::string(op) + ": the working copy must be fp16 or bf16, got " + dtype_name(working->dtype()));
+  if (working->numel() != params.numel())
+    throw Error(std::string(op) + ": the working copy has " + std::to_string(working->numel()) +
+                " elements, the params " + std::to_string(params.numel()));
+  if (working->device() != params.device())
+    throw Error(std::string(op) + ": the working copy and the params are on different devices");
+}
+
 }  // namespace ampdist::kernels

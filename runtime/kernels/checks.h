@@ -15,4 +15,8 @@ struct GemmShape {
 GemmShape check_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float beta,
                      const Tensor* bias);
 
+// Checks an optimizer update's working-copy output (kernels.h, sgd_step / adamw_step): null, or fp16 / bf16 with the
+// params' element count on the params' device. Throws Error naming `op` and the mismatch.
+void check_working_out(const char* op, const Tensor& params, const Tensor* working);
+
 }  // namespace ampdist::kernels

@@ -1,6 +1,7 @@
 // kernels.h's functions: each runs on the CPU backend, or on the CUDA backend when any tensor it is given lives on
 // the GPU (the CUDA side then checks that all of them do).
 #include "runtime/kernels/backends.h"
+#include "runtime/kernels/checks.h"
 
 namespace ampdist::kernels {
 namespace {
@@ -81,14 +82,17 @@ void scale_inplace(Tensor& x, float factor) {
   if (dev(x)) return cuda::scale_inplace(x, factor);
   cpu::scale_inplace(x, factor);
 }
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p, const StepGate* gate) {
-  if (dev(params) || dev(grads)) return cuda::sgd_step(params, grads, momentum_buf, p, gate);
-  cpu::sgd_step(params, grads, momentum_buf, p, gate);
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p, const StepGate* gate,
+              Tensor* working) {
+  check_working_out("sgd_step", params, working);
+  if (dev(params) || dev(grads)) return cuda::sgd_step(params, grads, momentum_buf, p, gate, working);
+  cpu::sgd_step(params, grads, momentum_buf, p, gate, working);
 }
 void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
-                const StepGate* gate) {
-  if (dev(params) || dev(grads)) return cuda::adamw_step(params, grads, m, v, p, gate);
-  cpu::adamw_step(params, grads, m, v, p, gate);
+                const StepGate* gate, Tensor* working) {
+  check_working_out("adamw_step", params, working);
+  if (dev(params) || dev(grads)) return cuda::adamw_step(params, grads, m, v, p, gate, working);
+  cpu::adamw_step(params, grads, m, v, p, gate, working);
 }
 
 }  // namespace ampdist::kernels

@@ -79,12 +79,17 @@ void scale_inplace(Tensor& x, float factor);
 // update happens only when gate->apply, and lr, first_step, the clip factor and AdamW's bias corrections come from
 // the gate; the params' lr, first_step and step are then ignored. Without one (null), they come from the params,
 // with no clipping.
+// working: null, or an [n] fp16 or bf16 tensor on the params' device, the working copy of these params. Each updated
+// element is then also rounded into it (round to nearest even: cast()'s bits), in the same pass: the unsharded 16-bit
+// step's cast of the master weights at the start of the next step is this write, at 2 bytes an element instead of a
+// separate pass reading 4 and writing 2. When the gate skips the update, working is not written either.
+// Throws Error for a working tensor of another dtype, element count or device.
 struct SgdParams {
   float lr, momentum, dampening, weight_decay;
   bool nesterov, first_step;
 };
 void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p,
-              const StepGate* gate = nullptr);
+              const StepGate* gate = nullptr, Tensor* working = nullptr);
 
 struct AdamWParams {
   float lr;
@@ -93,7 +98,7 @@ struct AdamWParams {
   int64_t step;  // 1-based count including this update
 };
 void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
-                const StepGate* gate = nullptr);
+                const StepGate* gate = nullptr, Tensor* working = nullptr);
 
 // ---- numerics report ---------------------------------------------------------------------------------------------
 struct AbsStats {

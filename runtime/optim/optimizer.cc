@@ -38,6 +38,14 @@ namespace {
 Tensor span_of(const Tensor& t, int64_t b, int64_t n) {
   return Tensor::view(const_cast<float*>(t.data_as<float>()) + b, {n}, DType::kFloat32, t.device());
 }
+// The same elements of a working copy (16-bit), or null without one.
+Tensor* working_span(Tensor* working, int64_t b, int64_t n, Tensor& out) {
+  if (!working) return nullptr;
+  const size_t es = dtype_size(working->dtype());
+  out = Tensor::view(static_cast<char*>(working->data()) + b * static_cast<int64_t>(es), {n}, working->dtype(),
+                     working->device());
+  return &out;
+}
 }  // namespace
 
 void Optimizer::set_no_decay(std::vector<std::pair<int64_t, int64_t>> ranges) {
@@ -47,16 +55,16 @@ void Optimizer::set_no_decay(std::vector<std::pair<int64_t, int64_t>> ranges) {
   no_decay_ = std::move(ranges);
 }
 
-void Sgd::step(Tensor& params, const Tensor& grads, const StepGate* gate) {
+void Sgd::step(Tensor& params, const Tensor& grads, const StepGate* gate, Tensor* working) {
   // lr and first_step come from the gate.
   const kernels::SgdParams p{0.0f, cfg_.momentum(), cfg_.dampening(), weight_decay_, cfg_.nesterov(), false};
-  if (no_decay_.empty()) return kernels::sgd_step(params, grads, momentum_, p, gate);
+  if (no_decay_.empty()) return kernels::sgd_step(params, grads, momentum_, p, gate, working);
   const bool has_buf = cfg_.momentum() != 0.0f;
   for_each_run(params.numel(), [&](int64_t b, int64_t n, bool decay) {
     kernels::SgdParams q = p;
     if (!decay) q.weight_decay = 0.0f;
-    Tensor w = span_of(params, b, n), buf = has_buf ? span_of(momentum_, b, n) : momentum_;
-    kernels::sgd_step(w, span_of(grads, b, n), buf, q, gate);
+    Tensor w = span_of(params, b, n), buf = has_buf ? span_of(momentum_, b, n) : momentum_, ws;
+    kernels::sgd_step(w, span_of(grads, b, n), buf, q, gate, working_span(working, b, n, ws));
   });
 }
 
@@ -71,15 +79,15 @@ AdamW::AdamW(int64_t numel, const AdamWConfig& cfg, float weight_decay, Device d
       m_(Tensor::zeros({numel}, DType::kFloat32, device)),
       v_(Tensor::zeros({numel}, DType::kFloat32, device)) {}
 
-void AdamW::step(Tensor& params, const Tensor& grads, const StepGate* gate) {
+void AdamW::step(Tensor& params, const Tensor& grads, const StepGate* gate, Tensor* working) {
   // lr, the step and its bias corrections come from the gate.
   const kernels::AdamWParams p{0.0f, cfg_.beta1(), cfg_.beta2(), cfg_.eps(), weight_decay_, 0};
-  if (no_decay_.empty()) return kernels::adamw_step(params, grads, m_, v_, p, gate);
+  if (no_decay_.empty()) return kernels::adamw_step(params, grads, m_, v_, p, gate, working);
   for_each_run(params.numel(), [&](int64_t b, int64_t n, bool decay) {
     kernels::AdamWParams q = p;
     if (!decay) q.weight_decay = 0.0f;
-    Tensor w = span_of(params, b, n), m = span_of(m_, b, n), v = span_of(v_, b, n);
-    kernels::adamw_step(w, span_of(grads, b, n), m, v, q, gate);
+    Tensor w = span_of(params, b, n), m = span_of(m_, b, n), v = span_of(v_, b, n), ws;
+    kernels::adamw_step(w, span_of(grads, b, n), m, v, q, gate, working_span(working, b, n, ws));
   });
 }
 

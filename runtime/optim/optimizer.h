@@ -22,7 +22,9 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // params, grads: [n] FP32 (the flat buffers). gate: the step's StepGate on their device. The host's step_count()
   // is not changed: the step's state counts applied updates, and the trainer sets the count when it reads it.
-  virtual void step(Tensor& params, const Tensor& grads, const StepGate* gate) = 0;
+  // working: null, or the [n] fp16/bf16 working copy of params, written in the same pass with each updated value
+  // rounded (kernels.h, sgd_step), so that it is current after the step without a separate cast.
+  virtual void step(Tensor& params, const Tensor& grads, const StepGate* gate, Tensor* working = nullptr) = 0;
   // One update applied from the host with learning rate `lr` and no clipping (for host-side loops and tests): the
   // gated update above with a gate built here; counts the update.
   void step(Tensor& params, const Tensor& grads, float lr);
@@ -62,7 +64,7 @@ class Sgd : public Optimizer {
  public:
   Sgd(int64_t numel, const SgdConfig& cfg, float weight_decay, Device device = Device::kCPU);
   using Optimizer::step;
-  void step(Tensor& params, const Tensor& grads, const StepGate* gate) override;
+  void step(Tensor& params, const Tensor& grads, const StepGate* gate, Tensor* working = nullptr) override;
   std::string kind() const override { return "sgd"; }
   std::vector<std::pair<std::string, Tensor*>> state() override;
 
@@ -76,7 +78,7 @@ class AdamW : public Optimizer {
  public:
   AdamW(int64_t numel, const AdamWConfig& cfg, float weight_decay, Device device = Device::kCPU);
   using Optimizer::step;
-  void step(Tensor& params, const Tensor& grads, const StepGate* gate) override;
+  void step(Tensor& params, const Tensor& grads, const StepGate* gate, Tensor* working = nullptr) override;
   std::string kind() const override { return "adamw"; }
   std::vector<std::pair<std::string, Tensor*>> state() override;
   const Tensor& exp_avg() const { return m_; }

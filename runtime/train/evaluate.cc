@@ -8,7 +8,7 @@ namespace ampdist {
 EvalResult Trainer::evaluate() {
   EvalResult e;
   if (!test_) return e;
-  masters_->cast_to_working();
+  masters_->ensure_working();
   model_->set_mode(false, iteration_);
   const std::vector<int64_t> counts = shard_counts(test_->size(), comm_.world_size());
   int64_t begin = 0;

@@ -32,7 +32,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   state_->begin_step();  // found_inf = 0, sum_sq = 0, the unscale factor 1/S
   if (buffers_) buffers_->begin_step();  // the forward updates the staged copy only
   phase_begin(Phase::kForward);
-  masters_->cast_to_working();
+  masters_->ensure_working();  // a pass only when the last update did not write the working copy (first step, load)
   // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
   // neither accumulation nor world size changes the gradient; the scale multiplies it once. A criterion with the
   // state path reads S from the step state and adds its loss there; any other gets float(S / global) from the host
@@ -88,7 +88,10 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   if (sharded()) reduce_slice_sums();  // the global norm from every rank's slice
   state_->finish_step(step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update
   Tensor grads = masters_->grad_slice();
-  optimizer_->step(masters_->master(), grads, &st->gate);  // a no-op on a skipped step
+  // A no-op on a skipped step. Unsharded 16-bit runs round each updated weight into the working copy in the same
+  // pass (the next step's cast); a skipped step leaves both as they were, so the copy stays current either way.
+  optimizer_->step(masters_->master(), grads, &st->gate, masters_->fused_working_out());
+  masters_->mark_working_current();
   // Sharded state all-gathers the updated working copy, and not on a skipped step, so the host needs the agreed flag
   // here (a 4-byte read; the numerics report needs it too).
   // Model buffers are committed only by an applied step: the host reads the agreed flag for them too.

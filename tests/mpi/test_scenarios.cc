@@ -114,11 +114,15 @@ void skip_together(ReduceMode mode, int victim, NonFiniteValue value) {
   t->step();
   t->step();
   const Snapshot after2 = snapshot(*t);
-  // The fp16 weights the next forward reads: the cast of the step-2 master weights (sharded state keeps the working
-  // copy current after each applied step; replicated state casts at the start of the next step).
+  // The fp16 weights the next forward reads: the cast of the step-2 master weights, current right after the step
+  // (sharded state all-gathers it after each applied step; replicated state writes it in the optimizer's pass).
   Tensor working2 = Tensor::empty({t->masters().numel()}, DType::kFloat16);
-  if (t->sharded()) t->masters().working().copy_to(working2);
-  else kernels::cast(t->masters().master(), working2);
+  if (t->sharded()) {
+    t->masters().working().copy_to(working2);
+  } else {
+    kernels::cast(static_cast<const MasterWeights&>(t->masters()).master(), working2);
+    EXPECT_EQ(bytes(t->masters().working()), bytes(working2)) << "the working copy after step 2 is not its cast";
+  }
   EXPECT_EQ(t->scaler().scale(), 65536.0f);
 
   const StepResult r3 = t->step();

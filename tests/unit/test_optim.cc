@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -383,6 +384,122 @@ TEST(NoDecay, RangesFromPatternsIntersectTheZeroSlice) {
     EXPECT_NE(std::string(e.what()).find("optimizer.no_decay[2] \"ln_*\" matches no tensor"), std::string::npos)
         << e.what();
   }
+}
+
+// ---- the working copy written by the update (the unsharded 16-bit step's cast, fused) ------------------------------
+
+// n elements over several 4096-element blocks and a ragged tail, values over many binades, some of which round to
+// the same 16-bit value, some halfway cases.
+std::vector<float> spread(int64_t n, float scale, uint32_t seed) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint32_t x = seed;
+  for (auto& e : v) {
+    x = x * 1664525u + 1013904223u;  // Numerical Recipes' LCG: any fixed sequence will do
+    const float u = static_cast<float>(x >> 8) / static_cast<float>(1u << 24);  // [0, 1)
+    e = scale * (u - 0.5f) * std::ldexp(1.0f, static_cast<int>(x % 13u) - 6);
+  }
+  return v;
+}
+
+std::vector<uint16_t> bits16(const Tensor& t) {
+  std::vector<uint16_t> b(static_cast<size_t>(t.numel()));
+  std::memcpy(b.data(), t.data(), b.size() * sizeof(uint16_t));
+  return b;
+}
+
+// Runs `steps` updates of one optimizer kind with and without a working copy: the master weights and the moments
+// must be bitwise those of the plain update, and after every step the working copy bitwise cast(master). A skipped
+// step (gate.apply = 0) must leave the working copy as it was.
+void check_fused_working(const OptimizerConfig& cfg, DType working_dtype, bool no_decay) {
+  const int64_t n = 3 * 4096 + 1234;  // the CPU kernel rounds in 4096-element blocks: several, and a tail
+  auto fused = make_optimizer(cfg, n), plain = make_optimizer(cfg, n);
+  if (no_decay) {
+    fused->set_no_decay({{100, 5000}, {9000, 9001}});
+    plain->set_no_decay({{100, 5000}, {9000, 9001}});
+  }
+  Tensor p = vec(spread(n, 4.0f, 1)), q = vec(spread(n, 4.0f, 1));
+  Tensor working = Tensor::empty({n}, working_dtype), want = Tensor::empty({n}, working_dtype);
+  kernels::cast(p, working);
+  for (int s = 0; s < 4; ++s) {
+    const Tensor g = vec(spread(n, 0.1f, 100 + s));
+    StepGate gate;
+    gate.apply = s == 2 ? 0 : 1;  // step 2 is skipped
+    gate.first_step = s == 0;
+    gate.lr = 0.01f;
+    gate.clip_coef = s == 3 ? 0.5f : 1.0f;
+    adamw_bias_corrections(0.9, 0.999, s + 1, gate.bias_correction1, gate.bias_correction2_sqrt);
+    const std::vector<uint16_t> before = bits16(working);
+    fused->step(p, g, &gate, &working);
+    plain->step(q, g, &gate);
+    ASSERT_EQ(std::memcmp(p.data(), q.data(), p.nbytes()), 0) << "master weights differ at step " << s;
+    kernels::cast(q, want);
+    EXPECT_EQ(bits16(working), bits16(want)) << "working copy is not the cast of the master at step " << s;
+    if (s == 2) EXPECT_EQ(bits16(working), before) << "a skipped step wrote the working copy";
+    if (s == 1) EXPECT_NE(bits16(working), before) << "the update changed no working weight: the test is vacuous";
+  }
+  const auto fs = fused->state(), ps = plain->state();
+  ASSERT_EQ(fs.size(), ps.size());
+  for (size_t i = 0; i < fs.size(); ++i)
+    EXPECT_EQ(std::memcmp(fs[i].second->data(), ps[i].second->data(), fs[i].second->nbytes()), 0) << fs[i].first;
+}
+
+OptimizerConfig sgd_nesterov() {
+  OptimizerConfig c;
+  c.mutable_sgd()->set_momentum(0.9f);
+  c.mutable_sgd()->set_nesterov(true);
+  c.set_weight_decay(1e-4f);
+  return c;
+}
+OptimizerConfig adamw_wd() {
+  OptimizerConfig c;
+  c.mutable_adamw();
+  c.set_weight_decay(0.1f);
+  return c;
+}
+
+TEST(FusedWorking, SgdWritesTheCastOfTheUpdatedMaster) {
+  check_fused_working(sgd_nesterov(), DType::kBFloat16, false);
+  check_fused_working(sgd_nesterov(), DType::kFloat16, true);
+  check_fused_working(OptimizerConfig(), DType::kBFloat16, false);  // no momentum: the other loop
+}
+
+TEST(FusedWorking, AdamWWritesTheCastOfTheUpdatedMaster) {
+  check_fused_working(adamw_wd(), DType::kBFloat16, true);
+  check_fused_working(adamw_wd(), DType::kFloat16, false);
+}
+
+TEST(FusedWorking, AWorkingCopyOfAnotherDtypeOrSizeIsRefused) {
+  Tensor p = vec({1.0f, 2.0f}), g = vec({0.0f, 0.0f}), buf = Tensor::zeros({2}, DType::kFloat32);
+  Tensor f32 = Tensor::zeros({2}, DType::kFloat32), short_copy = Tensor::zeros({1}, DType::kBFloat16);
+  const kernels::SgdParams sp{0.1f, 0.9f, 0.0f, 0.0f, false, true};
+  EXPECT_THROW(kernels::sgd_step(p, g, buf, sp, nullptr, &f32), Error);
+  EXPECT_THROW(kernels::sgd_step(p, g, buf, sp, nullptr, &short_copy), Error);
+  Tensor m = Tensor::zeros({2}, DType::kFloat32), v = Tensor::zeros({2}, DType::kFloat32);
+  EXPECT_THROW(kernels::adamw_step(p, g, m, v, {1e-3f, 0.9, 0.999, 1e-8, 0.0f, 1}, nullptr, &f32), Error);
+  EXPECT_EQ(p.item(0), 1.0f);  // refused before anything changed
+}
+
+TEST(FusedWorking, MasterWeightsForgetTheCurrentCopyWhenMasterIsWritten) {
+  FlatLayout layout;
+  layout.add("w", {4});
+  MasterWeights mw(layout, DType::kBFloat16);
+  mw.fill([](size_t, int64_t first, int64_t count, float* out) {
+    for (int64_t i = 0; i < count; ++i) out[i] = 1.0f + static_cast<float>(first + i);
+  });
+  EXPECT_EQ(mw.working().item(3), 4.0f);
+  mw.master().data_as<float>()[3] = 8.0f;  // a write through master(), as a checkpoint load or a test does
+  mw.ensure_working();
+  EXPECT_EQ(mw.working().item(3), 8.0f) << "ensure_working skipped the cast after master() was written";
+  // After an update that wrote the working copy, ensure_working leaves it alone: poke the copy to see that.
+  ASSERT_NE(mw.fused_working_out(), nullptr);
+  mw.mark_working_current();
+  static_cast<uint16_t*>(mw.working().data())[0] = 0;  // bf16 +0
+  mw.ensure_working();
+  EXPECT_EQ(mw.working().item(0), 0.0f) << "ensure_working cast although the copy was current";
+  mw.cast_to_working();  // the explicit cast always runs
+  EXPECT_EQ(mw.working().item(0), 1.0f);
+  MasterWeights f32(layout, DType::kFloat32);
+  EXPECT_EQ(f32.fused_working_out(), nullptr);  // FP32: the working copy is the master buffer
 }
 
 }  // namespace

@@ -576,9 +576,40 @@ void scale_inplace(Tensor& x, float factor) {
   });
 }
 
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& args, const StepGate* gate) {
+namespace {
+// Runs update(b, e), which updates the FP32 params w[b..e), over [0, n) split over the threads. With a working copy
+// each thread's range goes in blocks of 4096 elements (16 KiB of FP32, in L1 cache) and each block is rounded into
+// the working copy right after its update (the conversion cast() uses), so the copy costs one 2-byte write an
+// element instead of a second pass over the master weights.
+template <typename F>
+void update_and_round(float* w, int64_t n, Tensor* working, F update) {
+  if (!working) {
+    parallel_ranges(n, int64_t{1} << 16, update);
+    return;
+  }
+  dispatch_dtype(working->dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, float>) {
+      T* out = static_cast<T*>(working->data());
+      parallel_ranges(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+        constexpr int64_t kBlock = 4096;
+        for (int64_t s = b; s < e; s += kBlock) {
+          const int64_t t = std::min(e, s + kBlock);
+          update(s, t);
+          Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out + s, t - s) =
+              Eigen::Map<const Eigen::ArrayXf>(w + s, t - s).template cast<T>();
+        }
+      });
+    }
+  });
+}
+}  // namespace
+
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& args, const StepGate* gate,
+              Tensor* working) {
   require_cpu("sgd_step", params);
   require_numel("sgd_step", params, grads);
+  if (working) require_cpu("sgd_step", *working);
   if (gate && !gate->apply) return;
   SgdParams p = args;
   if (gate) {
@@ -592,9 +623,13 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
   const float* g = grads.data_as<float>();
   const int64_t n = params.numel();
   if (p.momentum == 0.0f) {
-    float unused = 0.0f;
-    for (int64_t i = 0; i < n; ++i)
-      math::sgd_update(w[i], g[i] * clip, unused, p.lr, 0.0f, p.dampening, false, p.weight_decay, p.first_step);
+    const float lr = p.lr, dampening = p.dampening, wd = p.weight_decay;
+    const bool first = p.first_step;
+    update_and_round(w, n, working, [=](int64_t b, int64_t e) {
+      float unused = 0.0f;
+      for (int64_t i = b; i < e; ++i)
+        math::sgd_update(w[i], g[i] * clip, unused, lr, 0.0f, dampening, false, wd, first);
+    });
     return;
   }
   require_numel("sgd_step", params, momentum_buf);
@@ -608,7 +643,7 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
     constexpr bool kNesterov = decltype(nesterov)::value, kFirst = decltype(first)::value;
     const float lr = p.lr, momentum = p.momentum, dampening = p.dampening;
     const float wd = decltype(decay)::value ? p.weight_decay : 0.0f;
-    parallel_ranges(n, int64_t{1} << 16, [=](int64_t b, int64_t e) {
+    update_and_round(w, n, working, [=](int64_t b, int64_t e) {
       float* __restrict pw = w;
       const float* __restrict pg = g;
       float* __restrict pb = buf;
@@ -629,11 +664,12 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
 }
 
 void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
-                const StepGate* gate) {
+                const StepGate* gate, Tensor* working) {
   require_cpu("adamw_step", params);
   require_numel("adamw_step", params, grads);
   require_numel("adamw_step", params, m);
   require_numel("adamw_step", params, v);
+  if (working) require_cpu("adamw_step", *working);
   if (gate && !gate->apply) return;
   float bc1, bc2_sqrt, lr = p.lr;
   if (gate) {
@@ -654,7 +690,7 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
   const float wd = p.weight_decay;
   // By value and restrict, as in sgd_step, so that the loop vectorises (vsqrtps and vdivps round as the scalar
   // instructions do: the same bits).
-  parallel_ranges(params.numel(), int64_t{1} << 16, [=](int64_t b, int64_t e) {
+  update_and_round(w, params.numel(), working, [=](int64_t b, int64_t e) {
     float* __restrict pw = w;
     const float* __restrict pg = g;
     float* __restrict pmm = pm;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "runtime/kernels/cuda/cuda_ops.h"
 #include "runtime/kernels/cuda/device_access.cuh"
@@ -196,8 +197,10 @@ __global__ void k_scale(float* x, int64_t n, float f) {
 }
 
 // ---- optimizers --------------------------------------------------------------------------------------------------
+// With W a 16-bit type, working[i] = params[i] rounded to W after the update (k_cast's rounding); W = float: none.
+template <typename W>
 __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float dampening,
-                      float wd, bool nesterov, bool first, const StepGate* gate) {
+                      float wd, bool nesterov, bool first, const StepGate* gate, W* working) {
   float coef = 1.0f;
   if (gate) {
     if (!gate->apply) return;
@@ -209,11 +212,14 @@ __global__ void k_sgd(float* p, const float* g, float* buf, int64_t n, float lr,
     const float gi = coef == 1.0f ? g[i] : g[i] * coef;
     float unused = 0.0f;
     math::sgd_update(p[i], gi, buf ? buf[i] : unused, lr, buf ? momentum : 0.0f, dampening, nesterov, wd, first);
+    if constexpr (!std::is_same_v<W, float>) stf<W>(working, i, p[i]);
   }
 }
 
+template <typename W>
 __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1, float omb1,
-                        float b2, float omb2, float eps, float wd, float bc1, float bc2s, const StepGate* gate) {
+                        float b2, float omb2, float eps, float wd, float bc1, float bc2s, const StepGate* gate,
+                        W* working) {
   float coef = 1.0f;
   if (gate) {
     if (!gate->apply) return;
@@ -225,6 +231,7 @@ __global__ void k_adamw(float* p, const float* g, float* m, float* v, int64_t n,
   GRID_STRIDE(i, n) {
     const float gi = coef == 1.0f ? g[i] : g[i] * coef;
     math::adamw_update(p[i], gi, m[i], v[i], lr, b1, omb1, b2, omb2, eps, wd, bc1, bc2s);
+    if constexpr (!std::is_same_v<W, float>) stf<W>(working, i, p[i]);
   }
 }
 
@@ -382,19 +389,27 @@ void scale_inplace(float* x, int64_t n, float factor, Stream s) {
 }
 
 void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float dampening,
-              float weight_decay, bool nesterov, bool first_step, const StepGate* gate, Stream s) {
+              float weight_decay, bool nesterov, bool first_step, const StepGate* gate, void* working,
+              int working_dtype, Stream s) {
   if (n == 0) return;
-  k_sgd<<<blocks_for(n), kThreads, 0, st(s)>>>(p, g, buf, n, lr, momentum, dampening, weight_decay, nesterov,
-                                               first_step, gate);
+  by_dtype(working ? working_dtype : 0, [&](auto W) {
+    using TW = decltype(W);
+    k_sgd<TW><<<blocks_for(n), kThreads, 0, st(s)>>>(p, g, buf, n, lr, momentum, dampening, weight_decay, nesterov,
+                                                     first_step, gate, static_cast<TW*>(working));
+  });
   check_launch("sgd_step");
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float one_minus_beta1,
                 float beta2, float one_minus_beta2, float eps, float weight_decay, float bias_correction1,
-                float bias_correction2_sqrt, const StepGate* gate, Stream s) {
+                float bias_correction2_sqrt, const StepGate* gate, void* working, int working_dtype, Stream s) {
   if (n == 0) return;
-  k_adamw<<<blocks_for(n), kThreads, 0, st(s)>>>(p, g, m, v, n, lr, beta1, one_minus_beta1, beta2, one_minus_beta2,
-                                                 eps, weight_decay, bias_correction1, bias_correction2_sqrt, gate);
+  by_dtype(working ? working_dtype : 0, [&](auto W) {
+    using TW = decltype(W);
+    k_adamw<TW><<<blocks_for(n), kThreads, 0, st(s)>>>(p, g, m, v, n, lr, beta1, one_minus_beta1, beta2,
+                                                       one_minus_beta2, eps, weight_decay, bias_correction1,
+                                                       bias_correction2_sqrt, gate, static_cast<TW*>(working));
+  });
   check_launch("adamw_step");
 }
 

@@ -78,11 +78,14 @@ void scale_inplace(float* x, int64_t n, float factor, Stream s);
 // Optimizer updates over flat FP32 buffers. With `gate` null the host values are used (the CPU-equivalent path);
 // otherwise the update reads the step's agreed values on the device: nothing happens when gate->apply == 0, the
 // gradient is multiplied by gate->clip_coef first, and lr / first_step / bias corrections come from gate.
+// working: null, or [n] elements of dtype code working_dtype (1 fp16, 2 bf16) that receive each updated param
+// rounded to nearest even, as cast() rounds (kernels.h's fused working-copy write).
 void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float momentum, float dampening,
-              float weight_decay, bool nesterov, bool first_step, const StepGate* gate, Stream s);
+              float weight_decay, bool nesterov, bool first_step, const StepGate* gate, void* working,
+              int working_dtype, Stream s);
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float one_minus_beta1,
                 float beta2, float one_minus_beta2, float eps, float weight_decay, float bias_correction1,
-                float bias_correction2_sqrt, const StepGate* gate, Stream s);
+                float bias_correction2_sqrt, const StepGate* gate, void* working, int working_dtype, Stream s);
 
 
 }  // namespace ampdist::cuda

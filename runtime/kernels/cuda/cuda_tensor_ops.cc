@@ -347,10 +347,12 @@ void scale_inplace(Tensor& x, float factor) {
   launch([&] { ampdist::cuda::scale_inplace(static_cast<float*>(x.data()), x.numel(), factor, stream()); });
 }
 
-void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p, const StepGate* gate) {
+void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const SgdParams& p, const StepGate* gate,
+              Tensor* working) {
   require_cuda("sgd_step", params);
   require_cuda("sgd_step", grads);
   require_numel("sgd_step", params, grads);
+  if (working) require_cuda("sgd_step", *working);
   float* buf = nullptr;
   if (p.momentum != 0.0f) {
     require_cuda("sgd_step", momentum_buf);
@@ -360,16 +362,18 @@ void sgd_step(Tensor& params, const Tensor& grads, Tensor& momentum_buf, const S
   launch([&] {
     ampdist::cuda::sgd_step(static_cast<float*>(params.data()), static_cast<const float*>(grads.data()), buf,
                             params.numel(), p.lr, p.momentum, p.dampening, p.weight_decay, p.nesterov, p.first_step,
-                            gate, stream());
+                            gate, working ? working->data() : nullptr, working ? code(working->dtype()) : 0,
+                            stream());
   });
 }
 
 void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const AdamWParams& p,
-                const StepGate* gate) {
+                const StepGate* gate, Tensor* working) {
   require_cuda("adamw_step", params);
   require_numel("adamw_step", params, grads);
   require_numel("adamw_step", params, m);
   require_numel("adamw_step", params, v);
+  if (working) require_cuda("adamw_step", *working);
   float bc1 = 1.0f, bc2_sqrt = 1.0f;  // with a gate, the kernel reads them from it
   if (!gate) adamw_bias_corrections(p.beta1, p.beta2, p.step, bc1, bc2_sqrt);
   launch([&] {
@@ -377,7 +381,8 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
                               static_cast<float*>(m.data()), static_cast<float*>(v.data()), params.numel(), p.lr,
                               static_cast<float>(p.beta1), static_cast<float>(1.0 - p.beta1),
                               static_cast<float>(p.beta2), static_cast<float>(1.0 - p.beta2),
-                              static_cast<float>(p.eps), p.weight_decay, bc1, bc2_sqrt, gate, stream());
+                              static_cast<float>(p.eps), p.weight_decay, bc1, bc2_sqrt, gate,
+                              working ? working->data() : nullptr, working ? code(working->dtype()) : 0, stream());
   });
 }
 
@@ -448,8 +453,10 @@ AbsStats abs_stats(const Tensor&, float) { no_cuda("abs_stats"); }
 double sum_squares(const Tensor&) { no_cuda("sum_squares"); }
 void sum_squares(const Tensor&, double*) { no_cuda("sum_squares"); }
 void scale_inplace(Tensor&, float) { no_cuda("scale_inplace"); }
-void sgd_step(Tensor&, const Tensor&, Tensor&, const SgdParams&, const StepGate*) { no_cuda("sgd_step"); }
-void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, const StepGate*) { no_cuda("adamw_step"); }
+void sgd_step(Tensor&, const Tensor&, Tensor&, const SgdParams&, const StepGate*, Tensor*) { no_cuda("sgd_step"); }
+void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, const StepGate*, Tensor*) {
+  no_cuda("adamw_step");
+}
 }  // namespace cuda
 
 namespace gpu {
