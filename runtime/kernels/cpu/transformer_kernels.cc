@@ -327,7 +327,9 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
     void* kh = sk.get(H * T * hs, g_qk);
     void* vh = sv.get(H * T * hs, g_pv);
     float* scores = static_cast<float*>(ss.get(H * T * T, DType::kFloat32));
-    void* pr = sp.get(H * T * T, g_pv);
+    // FP32 p v reads the saved FP32 probabilities themselves (round_row would copy them unchanged).
+    const bool probs_direct = pv_dtype == DType::kFloat32 && g_pv == DType::kFloat32;
+    void* pr = probs_direct ? nullptr : sp.get(H * T * T, g_pv);
     void* oh = so.get(H * T * hs, o_dtype);
     for (int64_t b = b0; b < b1; ++b) {
       const char* slab = bytes_at(qkv, b * T * ld);
@@ -351,10 +353,10 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
           }
           const float inv = math::softmax_inv_sum(sum);
           for (int64_t j = 0; j < T; ++j) p[j] *= inv;
-          round_row(p, T, pv_dtype, static_cast<char*>(pr) + (h * T + i) * T * pr_es, g_pv);
+          if (!probs_direct) round_row(p, T, pv_dtype, static_cast<char*>(pr) + (h * T + i) * T * pr_es, g_pv);
         }
       }
-      batched_matmul(H, T, hs, T, g_pv, pr, false, vh, false, o_dtype, oh);
+      batched_matmul(H, T, hs, T, g_pv, probs_direct ? pp + b * H * T * T : pr, false, vh, false, o_dtype, oh);
       scatter_heads(oh, o_dtype, T, H, hs, bytes_at(out, b * T * C), out.dtype(), C, 0);
     }
   });
@@ -377,7 +379,8 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
     void* vh = s_v.get(H * T * hs, g_dp);
     float* qh = static_cast<float*>(s_q.get(H * T * hs, DType::kFloat32));
     float* kh = static_cast<float*>(s_k.get(H * T * hs, DType::kFloat32));
-    void* pr = s_pr.get(H * T * T, g_dv);
+    const bool probs_direct = pv_dtype == DType::kFloat32 && g_dv == DType::kFloat32;  // as in the forward
+    void* pr = probs_direct ? nullptr : s_pr.get(H * T * T, g_dv);
     float* dp = static_cast<float*>(s_dp.get(H * T * T, DType::kFloat32));
     float* ds = static_cast<float*>(s_ds.get(H * T * T, DType::kFloat32));
     float* dqh = static_cast<float*>(s_dq.get(H * T * hs, DType::kFloat32));
@@ -392,9 +395,10 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
       gather_heads(slab, dq, ld, 0, T, H, hs, qh, DType::kFloat32);
       gather_heads(slab, dq, ld, C, T, H, hs, kh, DType::kFloat32);
       const float* pb = pp + b * H * T * T;
-      for (int64_t r = 0; r < H * T; ++r)
-        round_row(pb + r * T, T, pv_dtype, static_cast<char*>(pr) + r * T * pr_es, g_dv);
-      batched_matmul(H, T, hs, T, g_dv, pr, true, g1, false, DType::kFloat32, dvh);  // dv = p^T g
+      if (!probs_direct)
+        for (int64_t r = 0; r < H * T; ++r)
+          round_row(pb + r * T, T, pv_dtype, static_cast<char*>(pr) + r * T * pr_es, g_dv);
+      batched_matmul(H, T, hs, T, g_dv, probs_direct ? pb : pr, true, g1, false, DType::kFloat32, dvh);  // dv = p^T g
       batched_matmul(H, T, T, hs, g_dp, g2, false, vh, true, DType::kFloat32, dp);    // dp = g v^T
       for (int64_t r = 0; r < H * T; ++r) {
         const int64_t i = r % T;
