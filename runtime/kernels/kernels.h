@@ -35,6 +35,10 @@ void sum_rows(const Tensor& x, Tensor& out, float beta);
 // ---- activations (element-wise; output keeps the input's dtype, math in FP32) --------------------------------
 void relu_forward(const Tensor& x, Tensor& y);
 void relu_backward(const Tensor& y, const Tensor& dy, Tensor& dx);  // from the forward output y
+// GELU (tanh form, math.h) with e = exp(2u) from the backend's exp: CUDA's expf on the GPU (within 2 ulp of the
+// correctly rounded value); on the CPU Eigen's vectorised exp for FP32 tensors and glibc's expf, through exact
+// tables, for fp16 / bf16 ones (each within 1 ulp). So the GPU and the CPU, and the CPU's FP32 and 16-bit paths, may differ in
+// the last bits; tests/gpu/gelu_bound.h bounds how far.
 void gelu_forward(const Tensor& x, Tensor& y);
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);  // from the forward input x
 
