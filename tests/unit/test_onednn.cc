@@ -220,6 +220,36 @@ TEST(CpuFastPaths, SixteenBitReluBlocksAreBitwiseThePerElementRounding) {
   }
 }
 
+TEST(CpuFastPaths, SixteenBitSumRowsIsBitwiseTheSerialColumnSums) {
+  // sum_rows widens 16-bit row segments of up to 1024 columns and adds them: each column must still be the FP32 sum
+  // of its rows in row order, as a serial loop over the scalar conversions gives (beta 0 and beta 1, bits compared).
+  // 3 x 1024 + 77 columns: whole and partial segments, over both threads' column ranges; values over many binades,
+  // infinities and NaNs among them.
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t rows = 37, cols = 3 * 1024 + 77;
+    Tensor x = Tensor::empty({rows, cols}, dt);
+    auto* xb = static_cast<uint16_t*>(x.data());
+    for (int64_t i = 0; i < rows * cols; ++i) xb[i] = static_cast<uint16_t>((i * 2654435761u) >> 16);
+    Tensor out = Tensor::empty({cols}, DType::kFloat32);
+    for (float beta : {0.0f, 1.0f}) {
+      std::vector<float> want(static_cast<size_t>(cols));
+      for (int64_t j = 0; j < cols; ++j) {
+        float acc = beta == 0.0f ? 0.0f : beta * 0.5f;
+        for (int64_t i = 0; i < rows; ++i) acc += x.item(i * cols + j);
+        want[static_cast<size_t>(j)] = acc;
+      }
+      for (int64_t j = 0; j < cols; ++j) out.data_as<float>()[j] = 0.5f;
+      kernels::sum_rows(x, out, beta);
+      for (int64_t j = 0; j < cols; ++j) {
+        const float got = out.item(j), w = want[static_cast<size_t>(j)];
+        ASSERT_TRUE(std::memcmp(&got, &w, sizeof got) == 0 || (std::isnan(got) && std::isnan(w)))
+            << "column " << j << " beta " << beta << ": " << got << " vs " << w;
+      }
+    }
+  }
+}
+
 TEST(CpuFastPaths, SixteenBitGeluTablesAreBitwiseTheFormulas) {
   // Every fp16 / bf16 bit pattern (NaN and inf included) through gelu_forward and gelu_backward against
   // math::gelu / math::gelu_backward evaluated per element and rounded once, as the FP32 path does.

@@ -169,6 +169,12 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   }
 }
 
+namespace {
+// 16-bit element-wise ops (and sum_rows' 16-bit rows) run on blocks of kBlock elements: widen the block to FP32
+// (convert.h), apply the FP32 function, round the block back, with the bits of the per-element conversions.
+constexpr int64_t kBlock = 1024;
+}  // namespace
+
 void sum_rows(const Tensor& x, Tensor& out, float beta) {
   require_cpu("sum_rows", x);
   if (x.ndim() != 2 || out.numel() != x.dim(1))
@@ -181,16 +187,27 @@ void sum_rows(const Tensor& x, Tensor& out, float beta) {
     const T* p = static_cast<const T*>(x.data());
     // Column blocks over the threads; each column still sums its rows in order (bitwise the serial result).
     parallel_ranges(cols, 256, [&](int64_t jb, int64_t je) {
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = jb; j < je; ++j) o[j] += to_f(p[i * cols + j]);
+      if constexpr (std::is_same_v<T, float>) {
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = jb; j < je; ++j) o[j] += p[i * cols + j];
+      } else {
+        // A 16-bit row segment widened as a block (convert.h), then added: both loops vectorise, where one
+        // conversion per element did not (3.4% of the GPT-2-small-shaped model's bf16 step, its bias gradients).
+        alignas(64) float row[kBlock];
+        for (int64_t j0 = jb; j0 < je; j0 += kBlock) {
+          const int64_t w = std::min(kBlock, je - j0);
+          for (int64_t i = 0; i < rows; ++i) {
+            widen_block(p + i * cols + j0, row, w);
+            float* oj = o + j0;
+            for (int64_t j = 0; j < w; ++j) oj[j] += row[j];
+          }
+        }
+      }
     });
   });
 }
 
 namespace {
-// 16-bit element-wise ops run on blocks of kBlock elements: widen the block to FP32 (convert.h), apply the FP32
-// function, round the block back, with the bits of the per-element conversions.
-constexpr int64_t kBlock = 1024;
 
 template <typename F>
 void unary(const char* op, const Tensor& x, Tensor& y, F f) {
