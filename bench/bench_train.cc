@@ -9,8 +9,11 @@
 //     barrier and its time is the maximum over ranks; samples/s = steps x global batch / time (data loading by the
 //     prefetching loader thread is inside the window, as it is in a run);
 //   - the mixed-precision machinery, each call timed alone on the same trainer after the windows, median of
-//     `mp_iters`: MasterWeights::cast_to_working, unscale_and_check over the spans the reducer leaves reduced on this
-//     rank (factor 1, so repeated passes leave the values finite and normal; the cost of a multiply is the same),
+//     `mp_iters`: MasterWeights::cast_to_working (a standalone cast: an unsharded fp16/bf16 step runs it only when
+//     the working copy is not current, e.g. its first step; otherwise the optimizer pass writes the copy, 2 bytes a
+//     parameter, which ampdist_bench_kernels' BM_SgdNesterov / BM_AdamW bf16_fused rows time), unscale_and_check
+//     over the spans the reducer leaves reduced on this rank (factor 1, so repeated passes leave the values finite
+//     and normal; the cost of a multiply is the same),
 //     Consensus::agree (after a barrier, so it measures the collective and not the ranks' skew), LossScaler::update
 //     on a copy of the scaler. Their sum over the median step time is the share of the step;
 //   - memory: VmRSS before the trainer exists, VmHWM (peak RSS) at the end, and the bytes the design expects;
