@@ -41,9 +41,7 @@ Tensor span_of(const Tensor& t, int64_t b, int64_t n) {
 // The same elements of a working copy (16-bit), or null without one.
 Tensor* working_span(Tensor* working, int64_t b, int64_t n, Tensor& out) {
   if (!working) return nullptr;
-  const size_t es = dtype_size(working->dtype());
-  out = Tensor::view(static_cast<char*>(working->data()) + b * static_cast<int64_t>(es), {n}, working->dtype(),
-                     working->device());
+  out = working->rows(b, b + n);
   return &out;
 }
 }  // namespace

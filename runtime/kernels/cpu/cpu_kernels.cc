@@ -37,11 +37,13 @@ template <typename T> inline T from_f(float x) { return static_cast<T>(x); }
 // dst[0..n) = src[0..n) converted, through Eigen's vectorised casts (F16C / AVX packets where the build has them).
 // Split over the rank's threads (parallel.h) for large buffers: each element's conversion is the same.
 template <typename S, typename D>
+void convert_run(const S* src, D* dst, int64_t n) {
+  Eigen::Map<Eigen::Array<D, Eigen::Dynamic, 1>>(dst, n) =
+      Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(src, n).template cast<D>();
+}
+template <typename S, typename D>
 void convert(const S* src, D* dst, int64_t n) {
-  parallel_ranges(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
-    Eigen::Map<Eigen::Array<D, Eigen::Dynamic, 1>>(dst + b, e - b) =
-        Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(src + b, e - b).template cast<D>();
-  });
+  parallel_ranges(n, int64_t{1} << 16, [&](int64_t b, int64_t e) { convert_run(src + b, dst + b, e - b); });
 }
 
 // Converts a 16-bit (or FP32) host tensor to a FP32 scratch buffer owned by the calling thread, or returns its
@@ -208,7 +210,6 @@ void sum_rows(const Tensor& x, Tensor& out, float beta) {
 }
 
 namespace {
-
 template <typename F>
 void unary(const char* op, const Tensor& x, Tensor& y, F f) {
   require_cpu(op, x);
@@ -323,10 +324,12 @@ void gelu_fp32(const float* x, const float* dy, float* out, int64_t n) {
 }  // namespace
 
 void gelu_forward(const Tensor& x, Tensor& y) {
-  if (x.dtype() != DType::kFloat32 && x.dtype() == y.dtype() && x.numel() == y.numel() && x.device() == Device::kCPU) {
+  if (x.dtype() == y.dtype() && x.numel() == y.numel() && x.device() == Device::kCPU && y.device() == Device::kCPU) {
     dispatch_dtype(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (!std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<T, float>) {
+        gelu_fp32<false>(x.data_as<float>(), nullptr, y.data_as<float>(), x.numel());
+      } else {
         const T* px = static_cast<const T*>(x.data());
         T* py = static_cast<T*>(y.data());
         const T* table = GeluTables<T>::get().y.data();
@@ -337,19 +340,16 @@ void gelu_forward(const Tensor& x, Tensor& y) {
     });
     return;
   }
-  if (x.dtype() == DType::kFloat32 && y.dtype() == DType::kFloat32 && x.numel() == y.numel() &&
-      x.device() == Device::kCPU && y.device() == Device::kCPU) {
-    gelu_fp32<false>(x.data_as<float>(), nullptr, y.data_as<float>(), x.numel());
-    return;
-  }
-  unary("gelu", x, y, [](float v) { return math::gelu(v); });
+  unary("gelu", x, y, [](float v) { return math::gelu(v); });  // throws the mismatch
 }
 void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  if (x.dtype() != DType::kFloat32 && x.dtype() == dy.dtype() && x.dtype() == dx.dtype() &&
-      x.numel() == dy.numel() && x.numel() == dx.numel() && x.device() == Device::kCPU) {
+  if (x.dtype() == dy.dtype() && x.dtype() == dx.dtype() && x.numel() == dy.numel() && x.numel() == dx.numel() &&
+      x.device() == Device::kCPU && dy.device() == Device::kCPU && dx.device() == Device::kCPU) {
     dispatch_dtype(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (!std::is_same_v<T, float>) {
+      if constexpr (std::is_same_v<T, float>) {
+        gelu_fp32<true>(x.data_as<float>(), dy.data_as<float>(), dx.data_as<float>(), x.numel());
+      } else {
         const T* px = static_cast<const T*>(x.data());
         const T* pdy = static_cast<const T*>(dy.data());
         T* pdx = static_cast<T*>(dx.data());
@@ -361,13 +361,7 @@ void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
     });
     return;
   }
-  if (x.dtype() == DType::kFloat32 && dy.dtype() == DType::kFloat32 && dx.dtype() == DType::kFloat32 &&
-      x.numel() == dy.numel() && x.numel() == dx.numel() && x.device() == Device::kCPU &&
-      dy.device() == Device::kCPU && dx.device() == Device::kCPU) {
-    gelu_fp32<true>(x.data_as<float>(), dy.data_as<float>(), dx.data_as<float>(), x.numel());
-    return;
-  }
-  binary("gelu_backward", x, dy, dx, [](float v, float d) { return math::gelu_backward(v, d); });
+  binary("gelu_backward", x, dy, dx, [](float v, float d) { return math::gelu_backward(v, d); });  // throws
 }
 
 namespace {
@@ -658,8 +652,7 @@ void update_and_round(float* w, int64_t n, Tensor* working, F update) {
         for (int64_t s = b; s < e; s += kBlock) {
           const int64_t t = std::min(e, s + kBlock);
           update(s, t);
-          Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out + s, t - s) =
-              Eigen::Map<const Eigen::ArrayXf>(w + s, t - s).template cast<T>();
+          convert_run(w + s, out + s, t - s);
         }
       });
     }
