@@ -13,7 +13,12 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <fstream>
 #include <sstream>
+
+#include "runtime/core/dtype.h"
+#include "runtime/kernels/cpu/isa.h"
+#include "runtime/kernels/cpu/onednn.h"
 
 namespace ampdist {
 namespace {
@@ -298,6 +303,35 @@ std::string nccl_version_string(int code) {
 
 namespace {
 
+// The CPU and the paths the CPU backend takes on it: the CPU's model and the instruction-set flags that decide the
+// paths (/proc/cpuinfo, as lscpu shows them), oneDNN's version and effective ISA under AMPDIST_MAX_CPU_ISA, and per
+// working dtype the GEMM implementation and the dtype convolutions multiply in (kernels/cpu/onednn.h).
+json cpu_backend() {
+  namespace cpu = kernels::cpu;
+  json c;
+  std::ifstream info("/proc/cpuinfo");
+  std::string line, model, flags;
+  while (std::getline(info, line) && (model.empty() || flags.empty())) {
+    auto value = [&] { return line.substr(std::min(line.size(), line.find(':') + 2)); };
+    if (model.empty() && line.rfind("model name", 0) == 0) model = value();
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + value() + " ";
+  }
+  c["model"] = model;
+  std::vector<std::string> isa_flags;
+  for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"})
+    if (flags.find(std::string(" ") + f + " ") != std::string::npos) isa_flags.push_back(f);
+  c["flags"] = isa_flags;
+  c["cap"] = cpu::isa::class_name(cpu::isa::max_class());
+  c["onednn"] = cpu::onednn::version();
+  c["onednn_isa"] = cpu::isa::onednn_isa();
+  c["avx512_loops"] = cpu::isa::avx512();
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    c["gemm"][dtype_name(d)] = cpu::onednn::implementation(d, d);
+    c["conv"][dtype_name(d)] = dtype_name(cpu::onednn::engine_dtype(d));
+  }
+  return c;
+}
+
 json this_rank(const LauncherEnv& launcher, const MpiPlacement& p) {
   json r;
   r["rank"] = p.rank;
@@ -313,6 +347,7 @@ json this_rank(const LauncherEnv& launcher, const MpiPlacement& p) {
   libs["cublas"] = cublas();
   libs["nccl"] = nccl();
   r["libraries"] = libs;
+  r["cpu_backend"] = cpu_backend();
   r["gpus"] = gpus;
   r["device_count"] = gpus.size();
   // The binding rule of the CUDA backend: one rank per device, local rank r on device r % count.
@@ -401,6 +436,15 @@ void print_human(const json& all) {
                          g["compute_capability"].get<std::string>(), g["bf16"].get<bool>() ? "yes" : "no (< 8.0)");
       }
     }
+    const json& cb = first["cpu_backend"];
+    o << fmt::format("  CPU:           {} ({})\n", cb["model"].get<std::string>(),
+                     join(cb["flags"].get<std::vector<std::string>>(), " "));
+    o << fmt::format("  oneDNN:        {}, ISA {} (AMPDIST_MAX_CPU_ISA: {}), our AVX-512 loops {}\n",
+                     cb["onednn"].get<std::string>(), cb["onednn_isa"].get<std::string>(),
+                     cb["cap"].get<std::string>(), cb["avx512_loops"].get<bool>() ? "on" : "off");
+    for (const char* d : {"fp32", "fp16", "bf16"})
+      o << fmt::format("  {} GEMMs:    {}; convolutions in {}\n", d, cb["gemm"][d].get<std::string>(),
+                       cb["conv"][d].get<std::string>());
     o << "  ranks:         (device = local rank % device count)\n";
     for (int rk : by_host[h]) {
       const json& r = ranks[rk];

@@ -23,6 +23,7 @@
 #include "launch/train_command.h"
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
+#include "runtime/kernels/cpu/isa.h"
 
 namespace {
 
@@ -204,6 +205,14 @@ int main(int argc, char** argv) {
       if (first_bad == placement.rank) std::fprintf(stderr, "ampdist: error: %s\n", mismatch.c_str());
       return 2;
     }
+  }
+  // AMPDIST_MAX_CPU_ISA is read here, before any kernel runs: a bad value is bad input (one line, exit 2) on every
+  // rank alike, as every rank of a job sees the same environment.
+  try {
+    ampdist::kernels::cpu::isa::max_class();
+  } catch (const ampdist::Error& e) {
+    if (rank == 0) std::fprintf(stderr, "ampdist: error: %s\n", e.what());
+    return e.exit_code();
   }
   if (env_cmd->parsed()) return ampdist::run_env_command(env, launcher, placement);
   if (prep_cmd->parsed() || gen_cmd->parsed()) {

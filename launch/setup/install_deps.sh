@@ -23,6 +23,7 @@ packages=(
   python3-torch  # bench/torch_mlp.py, the PyTorch reference of bench/run_all.sh
   python3-torchvision  # tests/e2e/test_cnn.sh loads the ResNet-18 export into torchvision.models.resnet18 (0.14, matching torch 1.13)
   fortunes  # the GPT model's text corpus (/usr/share/games/fortunes)
+  qemu-user  # tests/e2e/test_cpu_classes.sh: short trainings on an emulated AVX2-only CPU (qemu-x86_64 -cpu Haswell)
   slurmctld slurmd slurm-client munge libpmix-dev  # tests/e2e/test_slurm_cluster.sh: a real two-node SLURM (pmix)
 )
 

@@ -77,6 +77,57 @@ TEST(OneDnn, Bf16GemmRunsOnNativeBf16HardwareWhereTheCpuHasIt) {
       << impl;
 }
 
+// Where oneDNN has no bf16 kernel for the CPU (AVX2; avx512_core has only an emulation), bf16 GEMMs take the
+// widening path (onednn::engine_dtype): the operands widened exactly to FP32, the FP32 GEMM, one rounding of the
+// output. The contract is bitwise: the result is the FP32 GEMM of the widened operands (and widened bias), rounded
+// once to bf16 when the output is bf16, for every transpose, with and without a bias (FP32 or bf16), with beta 0 and
+// 1 (an FP32 output accumulated into, as a weight gradient is) and alpha != 1. The test forces the path on any CPU.
+TEST(OneDnn, Bf16WideningPathIsTheFp32GemmOfTheWidenedOperandsRoundedOnce) {
+  namespace onednn = kernels::cpu::onednn;
+  struct Restore {
+    ~Restore() { onednn::set_native_bf16_enabled(true); }
+  } restore;
+  onednn::set_native_bf16_enabled(false);
+  EXPECT_EQ(onednn::engine_dtype(DType::kBFloat16), DType::kFloat32);
+  EXPECT_NE(onednn::implementation(DType::kBFloat16, DType::kBFloat16).find("conversion of bf16 to f32"),
+            std::string::npos);
+  const int64_t m = 37, n = 29, k = 53;  // odd sizes: no kernel's block divides them
+  const auto widened = [](const Tensor& t) {
+    Tensor f = Tensor::empty(t.shape(), DType::kFloat32);
+    kernels::cast(t, f);
+    return f;
+  };
+  uint32_t stream = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int bias_kind : {0, 1, 2})  // none, FP32, bf16
+        for (DType out : {DType::kBFloat16, DType::kFloat32})
+          for (float beta : {0.0f, 1.0f})
+            for (float alpha : {1.0f, -0.5f}) {
+              if (beta != 0.0f && out != DType::kFloat32) continue;  // beta != 0 needs an FP32 C (kernels.h)
+              SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb << " bias " << bias_kind << " out "
+                                              << dtype_name(out) << " beta " << beta << " alpha " << alpha);
+              const Tensor a = random(ta ? Shape{k, m} : Shape{m, k}, DType::kBFloat16, ++stream, -3.0f, 3.0f);
+              const Tensor b = random(tb ? Shape{n, k} : Shape{k, n}, DType::kBFloat16, ++stream, -3.0f, 3.0f);
+              const Tensor bias =
+                  random({n}, bias_kind == 2 ? DType::kBFloat16 : DType::kFloat32, ++stream, -2.0f, 2.0f);
+              const Tensor* pb = bias_kind == 0 ? nullptr : &bias;
+              const Tensor c0 = random({m, n}, out, ++stream);
+              Tensor c = c0.to(Device::kCPU);
+              kernels::gemm(a, ta, b, tb, c, alpha, beta, pb);
+
+              const Tensor fa = widened(a), fb = widened(b), fbias = widened(bias);
+              Tensor expect = widened(c0);
+              kernels::gemm(fa, ta, fb, tb, expect, alpha, beta, bias_kind == 0 ? nullptr : &fbias);
+              if (out == DType::kBFloat16) {
+                Tensor rounded = Tensor::empty({m, n}, DType::kBFloat16);
+                kernels::cast(expect, rounded);
+                expect = std::move(rounded);
+              }
+              EXPECT_EQ(bytes(c), bytes(expect));
+            }
+}
+
 TEST(OneDnn, Fp16IsConvertedExactlyAndSaysSo) {
   // oneDNN 2.6 has no fp16 matmul on the CPU; the backend converts fp16 exactly to FP32 (contract tests in
   // test_kernels.cc), and implementation() says which path that is.
@@ -134,7 +185,7 @@ TEST(OneDnn, ThreadsPerRankReachTheEngine) {
 }
 
 TEST(IsaDispatch, Avx512UnscaleIsBitwiseTheAvx2Path) {
-  if (!kernels::cpu::isa::avx512()) GTEST_SKIP() << "no AVX-512 on this CPU (or AMPDIST_NO_AVX512 set): one path only";
+  if (!kernels::cpu::isa::avx512()) GTEST_SKIP() << "no AVX-512 on this CPU (or AMPDIST_MAX_CPU_ISA caps it): one path only";
   const int64_t n = 100003;  // not a multiple of 16: the scalar tail runs after either vector loop
   Tensor g0 = random({n}, DType::kFloat32, 11, -1e3f, 1e3f);
   g0.data_as<float>()[777] = std::numeric_limits<float>::infinity();

@@ -20,6 +20,7 @@
 #include "runtime/kernels/cnn_backends.h"
 #include "runtime/kernels/cnn_checks.h"
 #include "runtime/kernels/cpu/convert.h"
+#include "runtime/kernels/cpu/isa.h"
 #include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/cpu/parallel.h"
@@ -33,7 +34,10 @@ using tag = memory::format_tag;
 using dt = memory::data_type;
 
 dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine e = [] {
+    isa::apply_cap_to_onednn();
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return e;
 }
 
@@ -238,13 +242,7 @@ ConvEntry& conv_entry(const ConvShape& s, int kind, bool bias, DType dtype, DTyp
 // The dtype the convolution multiplies in for 16-bit operands of `d`: BF16 natively where oneDNN has bf16 kernels
 // for this CPU (AVX512-BF16 or AMX), else FP32 after an exact widening (fp16 always: oneDNN 2.6 has no fp16
 // convolution on the CPU).
-DType compute_dtype(DType d) {
-  if (d == DType::kBFloat16) {
-    static const bool native = cpu::onednn::native_bf16();
-    return native ? DType::kBFloat16 : DType::kFloat32;
-  }
-  return DType::kFloat32;
-}
+DType compute_dtype(DType d) { return onednn::engine_dtype(d); }
 
 // The pointer a primitive reads for input `t`: the tensor itself, or its exact FP32 widening in `buf`.
 const void* input_data(const Tensor& t, DType compute, Staging& buf) {

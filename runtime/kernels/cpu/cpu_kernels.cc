@@ -95,7 +95,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   if (m == 0 || n == 0) return;
   thread_local std::vector<float> sa, sb, sc, sbias;
 
-  if (a.dtype() == DType::kBFloat16 && k > 0) {
+  if (onednn::engine_dtype(a.dtype()) == DType::kBFloat16 && k > 0) {
     // oneDNN's bf16 matmul: exact products, FP32 accumulation, the bias added in FP32 and one rounding into C.
     // It scales the bias with alpha, so with alpha != 1 the bias is added to an FP32 result here instead.
     const bool bias_in_engine = bias && alpha == 1.0f && bias->dtype() != DType::kFloat16;
@@ -129,7 +129,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     return;
   }
 
-  // FP32 (fp16 and bf16 converted exactly): oneDNN's sgemm. The bias is written into C first and sgemm adds the
+  // FP32 (fp16, and bf16 without bf16 hardware, converted exactly): oneDNN's sgemm. The bias is written into C first and sgemm adds the
   // product to it (beta 1), so acc + bias is rounded once inside the kernel.
   const float* fa = as_fp32(a, sa);
   const float* fb = as_fp32(b, sb);
@@ -442,19 +442,6 @@ int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets) {
   });
   return correct;
 }
-
-namespace isa {
-namespace {
-bool cpu_has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return yes;
-}
-std::atomic<bool> g_avx512{std::getenv("AMPDIST_NO_AVX512") == nullptr};
-}  // namespace
-bool avx512() { return g_avx512.load(std::memory_order_relaxed) && cpu_has_avx512(); }
-void set_avx512_enabled(bool enabled) { g_avx512.store(enabled, std::memory_order_relaxed); }
-}  // namespace isa
 
 namespace avx512 {
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized misreads.

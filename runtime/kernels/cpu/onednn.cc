@@ -1,6 +1,7 @@
 #include "runtime/kernels/cpu/onednn.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <sched.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/kernels/cpu/isa.h"
 #include "runtime/kernels/kernels.h"
 
 // The two OpenMP calls oneDNN's threading needs, declared here rather than through <omp.h>, which clang (the fuzz
@@ -35,7 +37,10 @@ dt to_dnnl(DType d) {
 }
 
 dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine e = [] {
+    isa::apply_cap_to_onednn();
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return e;
 }
 
@@ -162,6 +167,7 @@ void matmul(const Matmul& mm, const void* a, const void* b, void* c, const void*
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  isa::apply_cap_to_onednn();
   const dnnl_status_t st =
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (st != dnnl_success)
@@ -169,25 +175,47 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
                 std::to_string(m) + " x " + std::to_string(k) + " x " + std::to_string(n) + "]");
 }
 
+namespace {
+// The bf16 GEMM implementation oneDNN offers on this CPU (under the cap), or "" where it has none.
+std::string bf16_matmul_impl() {
+  Matmul mm;
+  mm.m = mm.n = mm.k = 256;
+  mm.a_stride[1] = mm.b_stride[1] = mm.c_stride[1] = 256;
+  mm.ab_dtype = DType::kBFloat16;
+  mm.c_dtype = DType::kBFloat16;
+  try {
+    return entry_for(mm, false).impl;
+  } catch (const Error&) {
+    return "";  // no bf16 matmul at all for this CPU: below avx512_core (AVX2 CPUs, valgrind's virtual CPU)
+  }
+}
+bool onednn_has_native_bf16() {
+  static const bool yes = [] {
+    const std::string impl = bf16_matmul_impl();
+    return impl.find("amx_bf16") != std::string::npos || impl.find("avx512_core_bf16") != std::string::npos;
+  }();
+  return yes;
+}
+std::atomic<bool> g_native_bf16_enabled{true};
+}  // namespace
+
+bool native_bf16() { return onednn_has_native_bf16() && g_native_bf16_enabled.load(std::memory_order_relaxed); }
+void set_native_bf16_enabled(bool enabled) { g_native_bf16_enabled.store(enabled, std::memory_order_relaxed); }
+
+DType engine_dtype(DType operands) {
+  return operands == DType::kBFloat16 && native_bf16() ? DType::kBFloat16 : DType::kFloat32;
+}
+
 std::string implementation(DType ab_dtype, DType c_dtype) {
   if (ab_dtype == DType::kFloat32) return "dnnl_sgemm (jit)";
-  if (ab_dtype == DType::kFloat16) return "dnnl_sgemm (jit) after an exact conversion to f32";
+  if (engine_dtype(ab_dtype) == DType::kFloat32)
+    return std::string("dnnl_sgemm (jit) after an exact conversion of ") + dtype_name(ab_dtype) + " to f32";
   Matmul mm;
   mm.m = mm.n = mm.k = 256;
   mm.a_stride[1] = mm.b_stride[1] = mm.c_stride[1] = 256;
   mm.ab_dtype = ab_dtype;
   mm.c_dtype = c_dtype;
   return entry_for(mm, false).impl;
-}
-
-bool native_bf16() {
-  std::string impl;
-  try {
-    impl = implementation(DType::kBFloat16, DType::kBFloat16);
-  } catch (const Error&) {
-    return false;  // no bf16 matmul at all for this CPU (seen under valgrind, whose virtual CPU has no AVX-512)
-  }
-  return impl.find("amx_bf16") != std::string::npos || impl.find("avx512_core_bf16") != std::string::npos;
 }
 
 std::string version() {

@@ -5,8 +5,9 @@
 // Numerics (the tensor-core contract of DESIGN.md): bf16 inputs go to oneDNN's matmul as they are; oneDNN multiplies
 // bf16 exactly and accumulates in FP32 (AMX TDPBF16PS, AVX512 VDPBF16PS), adds the bias in FP32 and rounds the FP32
 // result once (round to nearest even) into a bf16 output. fp16 inputs, which oneDNN 2.6 has no matmul for on
-// the CPU, are converted exactly to FP32 (every fp16 value is an FP32 value), multiplied as FP32 (sgemm below) and,
-// for an fp16 output, rounded once by us. beta != 0 is oneDNN's sum post-op on an FP32 output, or sgemm's beta:
+// the CPU, and bf16 inputs on a CPU without bf16 hardware (engine_dtype below), are converted exactly to FP32
+// (every fp16 and bf16 value is an FP32 value), multiplied as FP32 (sgemm below) and, for a 16-bit output, rounded
+// once by us. beta != 0 is oneDNN's sum post-op on an FP32 output, or sgemm's beta:
 // C = alpha (A B) + beta C with one FP32 rounding (the weight gradient accumulated into the FP32 gradient buffer).
 //
 // Determinism: oneDNN 2.6 has no "deterministic" attribute (it arrived in 3.x, for GPU atomics), and needs none on
@@ -45,13 +46,22 @@ void matmul(const Matmul& mm, const void* a, const void* b, void* c, const void*
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// The dtype in which the CPU backend multiplies operands of dtype `operands` (GEMMs, attention's products,
+// convolutions): bf16 where oneDNN runs bf16 on bf16 hardware for this CPU (native_bf16()), else FP32 after an exact
+// widening (fp16 always: oneDNN 2.6 has no fp16 matmul or convolution on the CPU; bf16 on CPUs below AVX512-BF16,
+// where oneDNN has no bf16 kernel at all (AVX2) or only an emulation (avx512_core)). Either way the contract holds:
+// exact products, FP32 accumulation, one rounding of the output. Decided once per process from the implementation
+// oneDNN itself offers (under AMPDIST_MAX_CPU_ISA, isa.h), never from a list of CPU models.
+DType engine_dtype(DType operands);
 // The oneDNN implementation that runs a 2-d GEMM of these dtypes (M = N = K = 256, no transposes): oneDNN's
-// impl_info_str for bf16 ("brg:avx512_core_amx_bf16", "brg:avx512_core_bf16", ...), "dnnl_sgemm (jit)" for fp32, and
-// for fp16 "dnnl_sgemm (jit) after an exact conversion to f32" (oneDNN 2.6 has no fp16 matmul on the CPU).
+// impl_info_str where bf16 runs natively ("brg:avx512_core_amx_bf16", "brg:avx512_core_bf16"), "dnnl_sgemm (jit)"
+// for fp32, and "dnnl_sgemm (jit) after an exact conversion of <dtype> to f32" for a widened dtype.
 std::string implementation(DType ab_dtype, DType c_dtype);
-// True when bf16 GEMMs run on bf16 hardware (an AMX or AVX512-BF16 kernel), not on an emulation or a conversion;
-// false also where oneDNN has no bf16 matmul at all.
+// True when bf16 GEMMs run on bf16 hardware (an AMX or AVX512-BF16 kernel of oneDNN's), not on an emulation or a
+// widening; false also where oneDNN has no bf16 matmul at all.
 bool native_bf16();
+// Tests: false sends bf16 down the widening path on any CPU; true restores the native path where there is one.
+void set_native_bf16_enabled(bool enabled);
 // oneDNN's version, e.g. "2.6.3".
 std::string version();
 

@@ -192,17 +192,15 @@ void layernorm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean
 //
 // One window at a time: its heads are repacked into contiguous [H, T, hs] blocks (oneDNN's brgemm takes those; the
 // strided columns of qkv would send it to a slower kernel), then q k^T, p v and the four backward products are
-// batched matmuls over the H heads. Operands are bf16 where both are bf16 (native, FP32 accumulation), else FP32
-// (fp16 converted exactly). Scores, softmax, probabilities and their gradient stay FP32; the full T x T products are
-// computed and the causal and key masks are applied in the softmax (masked probabilities are exact zeros, so
-// they add nothing to p v or to the gradients).
+// batched matmuls over the H heads. Operands are bf16 where both are bf16 and the CPU has bf16 kernels (native,
+// FP32 accumulation: onednn::engine_dtype), else FP32 (converted exactly). Scores, softmax, probabilities and their
+// gradient stay FP32; the full T x T products are computed and the causal and key masks are applied in the softmax
+// (masked probabilities are exact zeros, so they add nothing to p v or to the gradients).
 
 namespace {
 
 // The engine dtype of a product of two operands held in dtypes x and y.
-DType engine_dtype(DType x, DType y) {
-  return x == DType::kBFloat16 && y == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
-}
+DType engine_dtype(DType x, DType y) { return x == y ? onednn::engine_dtype(x) : DType::kFloat32; }
 
 // A buffer of n elements of dtype d, grown once to the largest request.
 struct Scratch {
