@@ -36,6 +36,7 @@
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
 #include "runtime/core/error.h"
+#include "runtime/kernels/cpu/isa.h"
 #include "runtime/kernels/cpu/onednn.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/train/config.h"
@@ -82,10 +83,11 @@ double mlp_gemm_flops_per_sample(const std::vector<int64_t>& widths) {
 }
 
 // Median rate (FLOP/s) of an n x n x n GEMM in `dtype` (FP32 output) on the CPU backend's engine at the current
-// thread count: oneDNN's matmul for fp32 and bf16, and for fp16 the FP32 matmul it is converted to (onednn.h).
+// thread count: oneDNN's matmul in the dtype the backend multiplies `dtype` in (onednn::engine_dtype: bf16 natively
+// where the CPU has bf16 kernels; fp16, and bf16 elsewhere, as the FP32 matmul they are widened to).
 double measure_matmul(DType dtype, int n, int reps) {
   using namespace ampdist::kernels::cpu;
-  const DType engine = dtype == DType::kFloat16 ? DType::kFloat32 : dtype;
+  const DType engine = onednn::engine_dtype(dtype);
   const size_t nn = static_cast<size_t>(n) * n;
   Tensor a = Tensor::empty({n, n}, engine), b = Tensor::empty({n, n}, engine);
   Tensor c = Tensor::zeros({n, n}, DType::kFloat32);
@@ -264,7 +266,9 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
     j["matmul_flop_s"] = sgemm;
     j["engine"] = {{"onednn_version", kernels::cpu::onednn::version()},
                    {"gemm_impl", kernels::cpu::onednn::implementation(working, working)},
-                   {"native_bf16", kernels::cpu::onednn::native_bf16()}};
+                   {"native_bf16", kernels::cpu::onednn::native_bf16()},
+                   {"cpu_class_cap", kernels::cpu::isa::class_name(kernels::cpu::isa::max_class())},
+                   {"onednn_isa", kernels::cpu::isa::onednn_isa()}};
     j["sgemm_n"] = args.sgemm_n;
     j["gemm_flops_per_sample"] = flops;
     // The world's GEMM throughput: each rank has its share of the cores and does its share of the samples.

@@ -287,8 +287,6 @@ void run(ConvEntry& e, const void* a, const void* b, void* c, std::unordered_map
   st.stream.wait();
 }
 
-int64_t weight_numel(const ConvShape& s) { return s.k * (s.c / std::max<int64_t>(s.groups, 1)) * s.kh * s.kw; }
-
 }  // namespace
 
 void conv2d_forward(const ConvShape& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -34,29 +35,60 @@ void require_numel(const char* op, const Tensor& a, const Tensor& b) {
 template <typename T> inline float to_f(T x) { return static_cast<float>(x); }
 template <typename T> inline T from_f(float x) { return static_cast<T>(x); }
 
-// dst[0..n) = src[0..n) converted, through Eigen's vectorised casts (F16C / AVX packets where the build has them).
-// Split over the rank's threads (parallel.h) for large buffers: each element's conversion is the same.
+// dst[0..n) = src[0..n) converted: 16-bit to FP32 and FP32 to bf16 through convert.h's vectorised loops, the rest
+// through Eigen's casts. Split over the rank's threads (parallel.h) for large buffers: each element's conversion is
+// the same.
 template <typename S, typename D>
 void convert_run(const S* src, D* dst, int64_t n) {
-  Eigen::Map<Eigen::Array<D, Eigen::Dynamic, 1>>(dst, n) =
-      Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(src, n).template cast<D>();
+  if constexpr (std::is_same_v<D, float> && !std::is_same_v<S, float>) {
+    widen_block(src, dst, n);
+  } else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, bfloat16>) {
+    narrow_block(src, dst, n);
+  } else {
+    Eigen::Map<Eigen::Array<D, Eigen::Dynamic, 1>>(dst, n) =
+        Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(src, n).template cast<D>();
+  }
 }
 template <typename S, typename D>
 void convert(const S* src, D* dst, int64_t n) {
   parallel_ranges(n, int64_t{1} << 16, [&](int64_t b, int64_t e) { convert_run(src + b, dst + b, e - b); });
 }
 
-// Converts a 16-bit (or FP32) host tensor to a FP32 scratch buffer owned by the calling thread, or returns its
-// data unchanged when it already is FP32. Scratch grows to the largest request and is then reused.
-const float* as_fp32(const Tensor& t, std::vector<float>& scratch) {
-  if (t.dtype() == DType::kFloat32) return t.data_as<float>();
-  scratch.resize(std::max<size_t>(scratch.size(), t.numel()));
-  dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    convert(static_cast<const T*>(t.data()), scratch.data(), t.numel());
-  });
-  return scratch.data();
-}
+// The FP32 operands of one widened GEMM, in one buffer per thread: A, B, C (for a 16-bit output) and the bias, each
+// present only when it needs widening. One buffer sized for the largest call holds less than a buffer per operand
+// sized for that operand's largest call (the GPT-2-small-shaped model's bf16 step on the widening path: 72 MiB
+// against 150 MiB, which is a tenth of its peak memory); it grows to the largest request and is then reused.
+class WideningArena {
+ public:
+  // Reserves room for the FP32 copies of these tensors (null ones and FP32 ones take none).
+  void reserve(std::initializer_list<const Tensor*> tensors) {
+    size_t need = 0;
+    for (const Tensor* t : tensors)
+      if (t != nullptr && t->dtype() != DType::kFloat32) need += static_cast<size_t>(t->numel());
+    if (buf_.size() < need) buf_.resize(need);
+    used_ = 0;
+  }
+  // An FP32 region of n floats from the reserved room.
+  float* take(int64_t n) {
+    float* p = buf_.data() + used_;
+    used_ += static_cast<size_t>(n);
+    return p;
+  }
+  // t's data as FP32: t itself when it already is, else its exact widening into the next region.
+  const float* widen(const Tensor& t) {
+    if (t.dtype() == DType::kFloat32) return t.data_as<float>();
+    float* out = take(t.numel());
+    dispatch_dtype(t.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      convert(static_cast<const T*>(t.data()), out, t.numel());
+    });
+    return out;
+  }
+
+ private:
+  std::vector<float> buf_;
+  size_t used_ = 0;
+};
 
 }  // namespace
 
@@ -93,7 +125,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const GemmShape shape = check_gemm(a, trans_a, b, trans_b, c, beta, bias);
   const int64_t m = shape.m, n = shape.n, k = shape.k;
   if (m == 0 || n == 0) return;
-  thread_local std::vector<float> sa, sb, sc, sbias;
+  thread_local WideningArena arena;
 
   if (onednn::engine_dtype(a.dtype()) == DType::kBFloat16 && k > 0) {
     // oneDNN's bf16 matmul: exact products, FP32 accumulation, the bias added in FP32 and one rounding into C.
@@ -115,12 +147,12 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     mm.c_stride[2] = 1;
     mm.alpha = alpha;
     mm.beta = beta;
-    if (fp32_first) sc.resize(std::max<size_t>(sc.size(), c.numel()));
-    float* fc = fp32_first ? sc.data() : nullptr;
+    arena.reserve({fp32_first ? &c : nullptr, bias && !bias_in_engine ? bias : nullptr});
+    float* fc = fp32_first ? arena.take(c.numel()) : nullptr;
     onednn::matmul(mm, a.data(), b.data(), fp32_first ? static_cast<void*>(fc) : c.data(),
                    bias_in_engine ? bias->data() : nullptr);
     if (bias && !bias_in_engine) {
-      const float* fbias = as_fp32(*bias, sbias);
+      const float* fbias = arena.widen(*bias);
       float* out = fp32_first ? fc : c.data_as<float>();
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) out[i * n + j] += fbias[j];
@@ -129,20 +161,15 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     return;
   }
 
-  // FP32 (fp16, and bf16 without bf16 hardware, converted exactly): oneDNN's sgemm. The bias is written into C first and sgemm adds the
-  // product to it (beta 1), so acc + bias is rounded once inside the kernel.
-  const float* fa = as_fp32(a, sa);
-  const float* fb = as_fp32(b, sb);
-  float* fc;
-  if (c.dtype() == DType::kFloat32) {
-    fc = c.data_as<float>();
-  } else {
-    sc.resize(std::max<size_t>(sc.size(), c.numel()));
-    fc = sc.data();
-  }
+  // FP32 (fp16, and bf16 without bf16 hardware, converted exactly): oneDNN's sgemm. The bias is written into C
+  // first and sgemm adds the product to it (beta 1), so acc + bias is rounded once inside the kernel.
+  arena.reserve({&a, &b, &c, bias});
+  const float* fa = arena.widen(a);
+  const float* fb = arena.widen(b);
+  float* fc = c.dtype() == DType::kFloat32 ? c.data_as<float>() : arena.take(c.numel());
   float beta_eff = beta;
   if (bias) {
-    const float* fbias = as_fp32(*bias, sbias);
+    const float* fbias = arena.widen(*bias);
     // Rows over the threads (each row's values are the same whoever writes them): serial, this broadcast was 3% of
     // the fortunes GPT's FP32 step with the second thread idle (perf).
     parallel_ranges(m, std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1) {
