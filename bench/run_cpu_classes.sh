@@ -7,10 +7,10 @@
 # round alternating over classes and precisions so that a change in the machine's load touches all rows alike;
 # the table gives medians of samples/s, bf16/fp32 and fp16/fp32 per class and layout, the GPT's peak RSS per rank and
 # its ratio to fp32, and which GEMM path each dtype took (oneDNN's implementation string). Writes
-# bench/results/cpu-classes-<date>.json with `lscpu`'s model and flags and every run. Numbers are measurements of this
+# OUT (default bench/results/cpu-classes-<date>.json) with `lscpu`'s model and flags and every run. Numbers are measurements of this
 # machine at its load, never assertions.
 #   bash bench/run_cpu_classes.sh [BUILD_DIR]     (env: REPEAT, MODELS="mlp gpt2s", LAYOUTS="1 2" rank counts,
-#                                                  CLASSES: default every class up to the machine's)
+#                                                  CLASSES: default every class up to the machine's, OUT)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -53,7 +53,7 @@ for r in $(seq "$repeat"); do
   done
 done
 mkdir -p bench/results
-python3 - "$out" "bench/results/cpu-classes-$(date +%F).json" "$nproc" <<'PY'
+python3 - "$out" "${OUT:-bench/results/cpu-classes-$(date +%F).json}" "$nproc" <<'PY'
 import glob, json, os, statistics, subprocess, sys
 out, dest, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3])
 lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout

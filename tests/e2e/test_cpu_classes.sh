@@ -3,7 +3,8 @@
 # suite:
 #  1. AMPDIST_MAX_CPU_ISA=avx2 caps the CPU backend (oneDNN's ISA and our own AVX-512 loops): `ampdist env` says so
 #     and names the widening path for bf16 and fp16; a bad value is one line and exit 2;
-#  2. under the cap, the MLP, the GPT and the CNN each train 2-rank runs in fp32, fp16 and bf16 (exit 0, loss falls);
+#  2. under the cap, the MLP, the GPT and the CNN each train 2-rank runs in fp32, fp16 and bf16 (exit 0, loss falls),
+#     and the MLP's bf16 run with ZeRO-1 ends with the unsharded run's master weights;
 #  3. under an emulated AVX2-only CPU (qemu-x86_64 -cpu Haswell, which executes AVX2 and rejects AVX-512: checked
 #     here with one AVX-512 instruction), single-process runs of the MLP in fp16 and of the MLP, the CNN and the GPT
 #     in bf16 exit 0 with the master weights hash of the same run under the cap on this CPU. An instruction beyond AVX2 on any path they take fails
@@ -89,6 +90,16 @@ for model in mlp cnn gpt; do
     fi
   done
 done
+
+# ZeRO-1 in bf16 under the cap: the same run as above with the optimizer state sharded ends with the same master
+# weights (stage 1 changes where the update runs, not its result).
+if run 2 "$TMP/mlp-bf16-zero.txt" "${mlp[@]}" --precision bf16 --set optimizer.zero_stage=1 --run-dir "$TMP/mlp-bf16-zero" &&
+   [ -n "$(hash_of "$TMP/mlp-bf16.txt")" ] && [ "$(hash_of "$TMP/mlp-bf16.txt")" = "$(hash_of "$TMP/mlp-bf16-zero.txt")" ]; then
+  ok "mlp bf16 with ZeRO-1 under the cap: the master weights hash of the unsharded run"
+else
+  not_ok "mlp bf16 ZeRO-1 under the cap" "hash '$(hash_of "$TMP/mlp-bf16-zero.txt")' vs '$(hash_of "$TMP/mlp-bf16.txt")'"
+  show "$TMP/mlp-bf16-zero.txt"
+fi
 
 # ---- 3. an emulated AVX2-only CPU -----------------------------------------------------------------------------------
 QEMU=$(command -v qemu-x86_64 || true)
