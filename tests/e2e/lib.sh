@@ -41,3 +41,22 @@ not_ok() {
 show() { sed -e 's/^/    | /' "$1" | head -30; }
 # The 16 hex digits of the "master weights hash: ..." summary line in FILE.
 hash_of() { sed -n 's/^master weights hash: \([0-9a-f]\{16\}\)$/\1/p' "$1"; }
+
+# fashion_mnist_slice DIR: the first 512 training and 256 test images of Debian's Fashion-MNIST written to DIR as an
+# IDX directory (the reader's layout), so that a conv net or an MLP trains in seconds. Returns non-zero on failure.
+fashion_mnist_slice() {
+  python3 - /usr/share/datasets/fashion-mnist "$1" <<'PY'
+import gzip, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+def read(name):
+    p = os.path.join(src, name)
+    return (gzip.open(p + ".gz") if os.path.exists(p + ".gz") else open(p, "rb")).read()
+for split, n in (("train", 512), ("t10k", 256)):
+    img, lab = read(split + "-images-idx3-ubyte"), read(split + "-labels-idx1-ubyte")
+    _, _, rows, cols = struct.unpack(">IIII", img[:16])
+    open(os.path.join(dst, split + "-images-idx3-ubyte"), "wb").write(
+        struct.pack(">IIII", 0x803, n, rows, cols) + img[16:16 + n * rows * cols])
+    open(os.path.join(dst, split + "-labels-idx1-ubyte"), "wb").write(struct.pack(">II", 0x801, n) + lab[8:8 + n])
+PY
+}

@@ -25,20 +25,7 @@ run() {  # run NP OUT ARGS...
 
 # The slice of Fashion-MNIST as an IDX directory (the reader's layout).
 FM="$TMP/fm"
-python3 - /usr/share/datasets/fashion-mnist "$FM" <<'PY' || { echo "not ok - setup: cannot write the IDX slice"; exit 1; }
-import gzip, os, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-os.makedirs(dst)
-def read(name):
-    p = os.path.join(src, name)
-    return (gzip.open(p + ".gz") if os.path.exists(p + ".gz") else open(p, "rb")).read()
-for split, n in (("train", 512), ("t10k", 256)):
-    img, lab = read(split + "-images-idx3-ubyte"), read(split + "-labels-idx1-ubyte")
-    _, _, rows, cols = struct.unpack(">IIII", img[:16])
-    open(os.path.join(dst, split + "-images-idx3-ubyte"), "wb").write(
-        struct.pack(">IIII", 0x803, n, rows, cols) + img[16:16 + n * rows * cols])
-    open(os.path.join(dst, split + "-labels-idx1-ubyte"), "wb").write(struct.pack(">II", 0x801, n) + lab[8:8 + n])
-PY
+fashion_mnist_slice "$FM" || { echo "not ok - setup: cannot write the IDX slice"; exit 1; }
 
 # ---- 1. the CNN config, bf16, 2 ranks ------------------------------------------------------------------------------
 cnn=(--config "$SRC/configs/fashion_mnist_cnn.pbtxt" --set data.idx.dir="$FM" --set data.global_batch_size=32

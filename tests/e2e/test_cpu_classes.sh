@@ -47,20 +47,7 @@ PY
 }
 
 FM="$TMP/fm"  # a slice of Fashion-MNIST (the first 512 training and 256 test images) as an IDX directory
-python3 - /usr/share/datasets/fashion-mnist "$FM" <<'PY' || { echo "not ok - setup: cannot write the IDX slice"; exit 1; }
-import gzip, os, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-os.makedirs(dst)
-def read(name):
-    p = os.path.join(src, name)
-    return (gzip.open(p + ".gz") if os.path.exists(p + ".gz") else open(p, "rb")).read()
-for split, n in (("train", 512), ("t10k", 256)):
-    img, lab = read(split + "-images-idx3-ubyte"), read(split + "-labels-idx1-ubyte")
-    _, _, rows, cols = struct.unpack(">IIII", img[:16])
-    open(os.path.join(dst, split + "-images-idx3-ubyte"), "wb").write(
-        struct.pack(">IIII", 0x803, n, rows, cols) + img[16:16 + n * rows * cols])
-    open(os.path.join(dst, split + "-labels-idx1-ubyte"), "wb").write(struct.pack(">II", 0x801, n) + lab[8:8 + n])
-PY
+fashion_mnist_slice "$FM" || { echo "not ok - setup: cannot write the IDX slice"; exit 1; }
 mkdir -p "$TMP/text" && cp /usr/share/games/fortunes/computers /usr/share/games/fortunes/science "$TMP/text/"
 
 mlp=(--config "$SRC/configs/fashion_mnist_mlp.pbtxt" --set data.idx.dir="$FM" --set data.global_batch_size=32
