@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "runtime/core/device.h"
@@ -25,6 +27,24 @@ inline std::vector<float> floats(const Tensor& t) {
   std::vector<float> v(h.numel());
   for (int64_t i = 0; i < h.numel(); ++i) v[i] = h.item(i);
   return v;
+}
+
+// Whether a and b hold the same bits element by element, where any NaN equals any NaN. The one documented
+// difference between the backends' element-wise results: arithmetic on a NaN (ReLU's comparison, a conversion)
+// keeps the input's payload on x86 (a float quiet NaN is 0x7e00 in fp16 and 0x7fc0 in bf16 on the CPU) and gives
+// CUDA's canonical NaN on the GPU (0x7fff in both 16-bit formats, 0x7fffffff in FP32). Every other value, signed
+// zeros and infinities included, must match bit for bit.
+inline ::testing::AssertionResult same_bits_any_nan(const Tensor& got, const Tensor& want) {
+  if (got.numel() != want.numel() || got.dtype() != want.dtype())
+    return ::testing::AssertionFailure() << "shapes or dtypes differ";
+  const std::vector<float> a = floats(got), b = floats(want);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    // The widened values carry every bit of a 16-bit element, so equal FP32 bits mean equal elements.
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i];
+  }
+  return ::testing::AssertionSuccess();
 }
 
 // A host FP32 tensor of uniform values in [lo, hi): stream `stream` of the synthetic-data RNG under seed 99.
