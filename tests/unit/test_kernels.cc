@@ -268,6 +268,24 @@ TEST(Activations, ReluPropagatesNaN) {
   EXPECT_TRUE(std::isnan(y16.item(0)));
 }
 
+TEST(Activations, ReluOfANaNKeepsItsPayloadOnTheCpu) {
+  // The one documented bitwise difference between the backends' element-wise results: on the CPU, ReLU of a NaN
+  // returns the input's bits (a float quiet NaN converts to 0x7e00 in fp16 and 0x7fc0 in bf16), while CUDA's
+  // conversions give the canonical NaN 0x7fff. Backend comparisons (tests/gpu: same_bits_any_nan) take any NaN as
+  // equal; this pins the CPU side of that statement.
+  for (auto [dtype, bits] :
+       {std::pair{DType::kFloat16, uint16_t{0x7e00}}, std::pair{DType::kBFloat16, uint16_t{0x7fc0}}}) {
+    Tensor x = make({1}, dtype, {std::numeric_limits<float>::quiet_NaN()});
+    Tensor y = Tensor::empty({1}, dtype);
+    kernels::relu_forward(x, y);
+    uint16_t in = 0, out = 0;
+    std::memcpy(&in, x.data(), 2);
+    std::memcpy(&out, y.data(), 2);
+    EXPECT_EQ(in, bits) << dtype_name(dtype);
+    EXPECT_EQ(out, bits) << dtype_name(dtype);
+  }
+}
+
 TEST(Activations, GeluForwardValues) {
   // Published values of the tanh form (torch.nn.GELU(approximate="tanh")): gelu(1) = 0.8411920, gelu(-1) = -0.1588080.
   Tensor x = make({7}, DType::kFloat32, {1.0f, -1.0f, 0.0f, 2.0f, -3.0f, 0.25f, 6.0f});
