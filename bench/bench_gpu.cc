@@ -173,8 +173,7 @@ int run_allreduce() {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const NodeRank node = node_rank(MPI_COMM_WORLD);
-  bind_device(node.local_rank, node.local_size, false);
+  bind_node_device(MPI_COMM_WORLD, /*allow_sharing=*/false);
   NcclCommunicator comm(MPI_COMM_WORLD, 120.0);
   double best_alg = 0, best_bus = 0;
   int64_t best_bytes = 0;

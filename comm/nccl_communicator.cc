@@ -88,25 +88,6 @@ struct EventPool {
 
 }  // namespace
 
-int bind_device(int local_rank, int local_size, bool allow_sharing) {
-  const int n = device::device_count();
-  if (n == 0) throw Error("no CUDA device for this rank: " + device::unavailable_reason(), ErrorKind::kBadInput);
-  if (local_size > n && !allow_sharing)
-    throw Error(std::to_string(local_size) + " ranks on this node but " + std::to_string(n) +
-                    " visible GPUs: start one rank per GPU (mpirun -np <GPUs per node> per node, srun "
-                    "--ntasks-per-node=<GPUs>), or set device.allow_sharing for tests",
-                ErrorKind::kBadInput);
-  const int dev = local_rank % n;
-  // Work already queued on another device (a context, a stream, memory) would stay there: binding comes first.
-  for (int used : device::devices_used())
-    if (used != dev)
-      throw Error("rank with local rank " + std::to_string(local_rank) + " is bound to CUDA device " +
-                  std::to_string(dev) + ", but device work already ran on CUDA device " + std::to_string(used) +
-                  " in this process: bind the device before any device work");
-  device::set_device(dev);
-  return dev;
-}
-
 struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;

@@ -34,14 +34,11 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/device_binding.h"
 #include "comm/mpi_communicator.h"
 
 namespace ampdist {
 
-// Chooses this process's GPU: local rank (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)) modulo the visible device
-// count, with cudaSetDevice. More ranks on a node than GPUs throws Error (bad input) naming both counts, unless
-// allow_sharing (device.allow_sharing in the config, for tests on one GPU). Returns the device index.
-int bind_device(int local_rank, int local_size, bool allow_sharing);
 
 // A set-up failure to inject on one rank (fault.nccl_setup_error in the config): for the drills and tests that show
 // that every rank ends within the deadline.

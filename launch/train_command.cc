@@ -11,8 +11,10 @@
 #include <optional>
 #include <random>
 
+#include "comm/device_binding.h"
 #include "comm/nccl_communicator.h"
 #include "launch/rank_env.h"
+#include "launch/set_up_phase.h"
 #include "runtime/core/device.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -29,27 +31,6 @@ std::string to_upper(std::string s) {
   return s;
 }
 
-void print_error(int rank, bool prefix_rank, const std::string& message) {
-  std::fprintf(stderr, "ampdist: error: %s%s\n", prefix_rank ? fmt::format("[rank {}] ", rank).c_str() : "",
-               message.c_str());
-  std::fflush(stderr);
-}
-
-// Every rank reports whether its set-up failed. When any did, the lowest rank that failed first-hand prints its
-// message (with its rank unless every rank failed alike) and every rank returns the largest exit code. Returns 0
-// when none failed.
-int agree_on_failure(Communicator& comm, int code, const std::string& message, bool secondary) {
-  const int world = comm.world_size();
-  int64_t v[2] = {code, code && !secondary ? world - comm.rank() : 0};
-  comm.allreduce_i64(v, ReduceOp::kMax, "set-up status all-reduce");
-  if (v[0] == 0) return 0;
-  int64_t failed[1] = {code ? 1 : 0};
-  comm.allreduce_i64(failed, ReduceOp::kSum, "set-up failure count");
-  const int reporter = world - static_cast<int>(v[1]);
-  if (comm.rank() == reporter) print_error(comm.rank(), failed[0] != world, message);
-  return static_cast<int>(v[0]);
-}
-
 // The config lint (runtime/train/lint.h) on the model as built: input width and classes from the first and last
 // parameters ([out, in] weights, [out] biases).
 std::vector<std::string> lint_model(Trainer& t) {
@@ -61,27 +42,6 @@ std::vector<std::string> lint_model(Trainer& t) {
 }
 
 }  // namespace
-
-// Runs one set-up phase of a rank, recording a failure as an exit code and message instead of throwing, so that
-// every rank reaches the agreement that follows it. A config error raised where the file is not known
-// (ConfigInput) is named after `source`, the config file.
-struct PhaseResult {
-  int code = 0;
-  std::string message;
-  bool secondary = false;
-};
-template <typename F> void run_phase(PhaseResult& r, const std::string& source, F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    r.code = e.exit_code();
-    r.message = e.in_source(source);
-    r.secondary = e.secondary();
-  } catch (const std::exception& e) {
-    r.code = 1;
-    r.message = e.what();
-  }
-}
 
 int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   RunConfig cfg;
@@ -129,14 +89,18 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     }
     device = resolve_device(cfg);
     validate_for_device(cfg, device, source);
-    if (device == Device::kCUDA) {
-#ifdef AMPDIST_HAVE_CUDA
-      bind_device(comm.local_rank(), comm.local_size(), cfg.device().allow_sharing());
-#endif
-    }
   });
   // Everything above is local to each rank (no collective), so a rank that failed cannot leave another waiting.
-  if (int rc = agree_on_failure(comm, setup.code, setup.message, false)) return rc;
+  if (int rc = agree_on_failure(comm, setup)) return rc;
+
+  // Each rank's GPU: the node's ranks gather the GPUs each sees (a collective every rank reaches), and every rank
+  // computes the same assignment (comm/device_binding.h), so a node with more ranks than GPUs refuses alike on all.
+  const std::vector<std::vector<std::string>> visible = visible_gpus_on_node(comm.comm());
+  PhaseResult binding;
+  run_phase(binding, source, [&] {
+    if (device == Device::kCUDA) bind_device(choose_device(comm.local_rank(), visible, cfg.device().allow_sharing()));
+  });
+  if (int rc = agree_on_failure(comm, binding)) return rc;
 
   // The GPU's communicator (ncclCommInitRank is collective: only once every rank got this far) and the trainer.
   Communicator* train_comm = &comm;
@@ -160,7 +124,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
 #endif
     trainer = make_trainer(cfg, *train_comm);
   });
-  if (int rc = agree_on_failure(comm, build.code, build.message, false)) return rc;
+  if (int rc = agree_on_failure(comm, build)) return rc;
 
   comm.set_progress_dir(run_dir + "/.ranks");
   PhaseResult resume;
@@ -199,7 +163,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       }
     }
   });
-  if (int rc = agree_on_failure(comm, resume.code, resume.message, resume.secondary)) return rc;
+  if (int rc = agree_on_failure(comm, resume)) return rc;
 
   const bool rank0 = comm.rank() == 0;
   if (rank0) {

@@ -149,6 +149,7 @@ Properties properties(int index) {
   out.total_memory = static_cast<int64_t>(p.totalGlobalMem);
   out.multiprocessors = p.multiProcessorCount;
   out.bf16 = p.major >= 8;
+  out.uuid.assign(p.uuid.bytes, sizeof p.uuid.bytes);
   return out;
 }
 

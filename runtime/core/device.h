@@ -41,6 +41,7 @@ struct Properties {
   int64_t total_memory = 0;  // bytes
   int multiprocessors = 0;
   bool bf16 = false;         // native bf16 tensor cores: compute capability >= 8.0
+  std::string uuid;          // the GPU's 16-byte UUID (cudaDeviceProp::uuid, as nvidia-smi's GPU-...), raw bytes
 };
 Properties properties(int index);
 

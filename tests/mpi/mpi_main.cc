@@ -70,10 +70,7 @@ int main(int argc, char** argv) {
 #ifdef AMPDIST_GPU_TESTS
   // Bind this rank's GPU before any test touches a device: work on device 0 first would leave rank 1's stream,
   // handles and memory there. Ranks beyond the GPU count share (tests needing a GPU per rank skip themselves).
-  if (ampdist::device::device_count() > 0) {
-    const ampdist::NodeRank node = ampdist::node_rank(MPI_COMM_WORLD);
-    ampdist::bind_device(node.local_rank, node.local_size, /*allow_sharing=*/true);
-  }
+  if (ampdist::device::device_count() > 0) ampdist::bind_node_device(MPI_COMM_WORLD, /*allow_sharing=*/true);
 #endif
   const int rc = RUN_ALL_TESTS();
   // A failure on any rank fails every rank's exit code, so mpirun reports it whichever rank it was.
