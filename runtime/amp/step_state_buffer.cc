@@ -38,9 +38,8 @@ StepStateBuffer::~StepStateBuffer() {
 }
 
 StepState StepStateBuffer::read() const {
-  if (device_ == Device::kCPU) return *state_;
   StepState h;
-  device::copy(&h, Device::kCPU, state_, Device::kCUDA, sizeof h);  // waits for the queued steps
+  device::read_to_host(&h, state_, device_, sizeof h);  // on the GPU: waits for the queued steps
   return h;
 }
 

@@ -2,6 +2,7 @@
 
 #include "runtime/core/error.h"
 
+#include <atomic>
 #include <cstring>
 
 #ifdef AMPDIST_HAVE_CUDA
@@ -287,5 +288,16 @@ void event_record(void*) { no_cuda("CUDA events"); }
 float event_elapsed_ms(void*, void*) { no_cuda("CUDA events"); }
 
 #endif
+
+namespace {
+std::atomic<int64_t> g_host_reads{0};
+}  // namespace
+
+void note_host_read() { g_host_reads.fetch_add(1, std::memory_order_relaxed); }
+int64_t host_reads() { return g_host_reads.load(std::memory_order_relaxed); }
+void read_to_host(void* dst, const void* src, Device src_device, size_t bytes) {
+  note_host_read();
+  copy(dst, Device::kCPU, src, src_device, bytes);
+}
 
 }  // namespace ampdist::device

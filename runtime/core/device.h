@@ -68,6 +68,14 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
 // Blocks until all work queued on the compute stream is done. Throws Error with the CUDA error, if any.
 void synchronize();
 
+// Host reads of values that the training step computes where it runs (the step state, a loss sum, statistics):
+// on the GPU each one waits for the compute stream. Every such read, on both backends, goes through read_to_host or
+// is counted with note_host_read by the kernel that returns a value to the host, so a test on the CPU counts the
+// reads that the same step makes on the GPU. host_reads(): the count since the process started (thread-safe).
+void read_to_host(void* dst, const void* src, Device src_device, size_t bytes);
+void note_host_read();
+int64_t host_reads();
+
 // The current device's compute stream as an opaque handle (a cudaStream_t); created on first use.
 void* compute_stream();
 // Devices of this process that have a compute stream (were used for device work), in index order; bind_device

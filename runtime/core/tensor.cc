@@ -121,7 +121,7 @@ float Tensor::item(int64_t i) const {
   if (device_ == Device::kCUDA) {  // one element through the host; synchronises the compute stream
     uint32_t bits = 0;
     const size_t es = dtype_size(dtype_);
-    device::copy(&bits, Device::kCPU, static_cast<const char*>(data_) + i * es, Device::kCUDA, es);
+    device::read_to_host(&bits, static_cast<const char*>(data_) + i * es, Device::kCUDA, es);
     return dispatch_dtype(dtype_, [&](auto tag) {
       using T = decltype(tag);
       T v;

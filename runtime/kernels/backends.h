@@ -21,6 +21,7 @@
   void unscale_and_check(Tensor& grads, const float* inv_scale, float* found_inf, double* sum_sq);                \
   void check_nonfinite(const Tensor& x, float* bad);                                                              \
   void zero_if(Tensor& x, const float* flag);                                                                     \
+  void copy_unless(Tensor& dst, const Tensor& src, const int32_t* flag);                                          \
   double sum_squares(const Tensor& x);                                                                            \
   void sum_squares(const Tensor& x, double* out);                                                                 \
   void scale_inplace(Tensor& x, float factor);                                                                    \

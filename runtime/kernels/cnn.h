@@ -78,6 +78,29 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean
                            const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx,
                            const Tensor* relu_y = nullptr);
 
+// ---- BatchNorm in the training step: every per-channel value stays where x lives -----------------------------
+// The same reductions as above with `sums` (2C doubles) on x's device (host memory on the CPU, device memory on the
+// GPU), and the statistics formed there (math::batchnorm_mean/var/invstd/running, the formulas of the host path),
+// so a training step reads nothing back to the host. count: the values per channel (N * H * W, or the global count
+// of a synchronised BatchNorm).
+void batchnorm_sums_to(const Tensor& x, double* sums);
+void batchnorm_backward_sums_to(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                double* sums, const Tensor* relu_y = nullptr);
+void batchnorm_backward_dx_from(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                const Tensor& gamma, const double* sums, double count, Tensor& dx,
+                                const Tensor* relu_y = nullptr);
+// Training: per channel c, from sums[c] and sums[C + c] over `count` values: mean, var (biased) and invstd [C] FP32,
+// running_mean and running_var [C] updated in place with `momentum` (running_var with the unbiased variance), and
+// tracked [1] (num_batches_tracked, FP32) += 1. Every tensor FP32 on one device; C = mean.numel().
+void batchnorm_statistics(const double* sums, double count, float eps, float momentum, Tensor& mean, Tensor& var,
+                          Tensor& invstd, Tensor& running_mean, Tensor& running_var, Tensor& tracked);
+// Evaluation: mean = running_mean, var = running_var, invstd = float(1 / sqrt(double(running_var) + eps)).
+void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& mean,
+                                  Tensor& var, Tensor& invstd);
+// The parameter gradients from the backward sums: dgamma[c] = float(sums[C + c]), dbeta[c] = float(sums[c]),
+// written, or added in FP32 (accumulate: a later micro-batch). FP32 [C] on the sums' device.
+void batchnorm_param_grads(const double* sums, Tensor& dgamma, Tensor& dbeta, bool accumulate);
+
 // ---- residual add -----------------------------------------------------------------------------------------------
 // y = float(a) + float(b), then math::relu when relu: a ResNet block's add and final ReLU in one pass (the
 // forward), or the sum of a block's two input gradients (the backward). a, b: FP32 or 16-bit, equal element

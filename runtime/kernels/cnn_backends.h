@@ -17,6 +17,18 @@
   void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,           \
                              const Tensor& gamma, std::span<const double> sums, double count, Tensor& dx,          \
                              const Tensor* relu_y);                                                                \
+  void batchnorm_sums_to(const Tensor& x, double* sums);                                                           \
+  void batchnorm_backward_sums_to(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,     \
+                                  double* sums, const Tensor* relu_y);                                             \
+  void batchnorm_backward_dx_from(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,     \
+                                  const Tensor& gamma, const double* sums, double count, Tensor& dx,               \
+                                  const Tensor* relu_y);                                                           \
+  void batchnorm_statistics(const double* sums, double count, float eps, float momentum, Tensor& mean,             \
+                            Tensor& var, Tensor& invstd, Tensor& running_mean, Tensor& running_var,                \
+                            Tensor& tracked);                                                                      \
+  void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& mean, \
+                                    Tensor& var, Tensor& invstd);                                                  \
+  void batchnorm_param_grads(const double* sums, Tensor& dgamma, Tensor& dbeta, bool accumulate);                  \
   void residual_add(const Tensor& a, const Tensor& b, Tensor& y, bool relu);                                       \
   void maxpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y, std::span<int32_t> argmax);              \
   void maxpool2d_backward(const PoolShape& s, const Tensor& dy, std::span<const int32_t> argmax, Tensor& dx);      \

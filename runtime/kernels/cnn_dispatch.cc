@@ -1,4 +1,5 @@
 // kernels/cnn.h's functions: the CPU backend, or the CUDA backend when the op's tensors live on the GPU.
+#include "runtime/core/device.h"
 #include <climits>
 #include <string>
 
@@ -36,6 +37,7 @@ void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& 
   cpu::conv2d_backward_weights(s, x, dy, dw, dbias, accumulate);
 }
 void batchnorm_sums(const Tensor& x, std::span<double> sums) {
+  device::note_host_read();  // the sums come back to the host
   if (dev(x)) return cuda::batchnorm_sums(x, sums);
   cpu::batchnorm_sums(x, sums);
 }
@@ -46,6 +48,7 @@ void batchnorm_apply(const Tensor& x, const Tensor& mean, const Tensor& invstd, 
 }
 void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
                              std::span<double> sums, const Tensor* relu_y) {
+  device::note_host_read();
   if (dev(x) || dev(dy)) return cuda::batchnorm_backward_sums(x, dy, mean, invstd, sums, relu_y);
   cpu::batchnorm_backward_sums(x, dy, mean, invstd, sums, relu_y);
 }
@@ -54,6 +57,37 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean
                            const Tensor* relu_y) {
   if (dev(x) || dev(dx)) return cuda::batchnorm_backward_dx(x, dy, mean, invstd, gamma, sums, count, dx, relu_y);
   cpu::batchnorm_backward_dx(x, dy, mean, invstd, gamma, sums, count, dx, relu_y);
+}
+void batchnorm_sums_to(const Tensor& x, double* sums) {
+  if (dev(x)) return cuda::batchnorm_sums_to(x, sums);
+  cpu::batchnorm_sums_to(x, sums);
+}
+void batchnorm_backward_sums_to(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                double* sums, const Tensor* relu_y) {
+  if (dev(x) || dev(dy)) return cuda::batchnorm_backward_sums_to(x, dy, mean, invstd, sums, relu_y);
+  cpu::batchnorm_backward_sums_to(x, dy, mean, invstd, sums, relu_y);
+}
+void batchnorm_backward_dx_from(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                const Tensor& gamma, const double* sums, double count, Tensor& dx,
+                                const Tensor* relu_y) {
+  if (dev(x) || dev(dx)) return cuda::batchnorm_backward_dx_from(x, dy, mean, invstd, gamma, sums, count, dx, relu_y);
+  cpu::batchnorm_backward_dx_from(x, dy, mean, invstd, gamma, sums, count, dx, relu_y);
+}
+void batchnorm_statistics(const double* sums, double count, float eps, float momentum, Tensor& mean, Tensor& var,
+                          Tensor& invstd, Tensor& running_mean, Tensor& running_var, Tensor& tracked) {
+  if (dev(mean))
+    return cuda::batchnorm_statistics(sums, count, eps, momentum, mean, var, invstd, running_mean, running_var,
+                                      tracked);
+  cpu::batchnorm_statistics(sums, count, eps, momentum, mean, var, invstd, running_mean, running_var, tracked);
+}
+void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& mean,
+                                  Tensor& var, Tensor& invstd) {
+  if (dev(mean)) return cuda::batchnorm_running_statistics(running_mean, running_var, eps, mean, var, invstd);
+  cpu::batchnorm_running_statistics(running_mean, running_var, eps, mean, var, invstd);
+}
+void batchnorm_param_grads(const double* sums, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  if (dev(dgamma)) return cuda::batchnorm_param_grads(sums, dgamma, dbeta, accumulate);
+  cpu::batchnorm_param_grads(sums, dgamma, dbeta, accumulate);
 }
 void residual_add(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
   if (dev(a) || dev(y)) return cuda::residual_add(a, b, y, relu);

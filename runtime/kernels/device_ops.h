@@ -5,21 +5,22 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "runtime/core/tensor.h"
 
 namespace ampdist::kernels::gpu {
 
-// Softmax cross-entropy over logits [B, C] (any dtype) with targets [B] int32 on the device. Writes lse [B] and
-// row_loss [B] (FP32, resized as needed) and adds sum_i row_loss[i] (double, fixed order) to *loss_sum.
-// *bad_row (device int32, initialised to -1 by the caller) receives the first row whose target is out of range;
-// null when the caller has checked the targets on the host.
-void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& lse, Tensor& row_loss,
-                                   double* loss_sum, int32_t* bad_row);
-// dlogits = grad_scale * (softmax - onehot) with targets on the device; with scale_dev non-null, grad_scale is
-// float(*scale_dev / divisor) read on the device.
+// Softmax cross-entropy over logits [B, C] (any dtype). targets: B host ids, checked on the host (Error, bad
+// input, naming the row) and copied into targets_dev ([B] int32 payload on the device, resized; keep it for the
+// backward). Writes lse [B] and row_loss [B] (FP32, resized as needed) and adds (sum_i row_loss[i]) / divisor
+// (double, fixed order) to *loss_sum on the device.
+void softmax_cross_entropy_forward(const Tensor& logits, std::span<const int32_t> targets, Tensor& targets_dev,
+                                   Tensor& lse, Tensor& row_loss, double* loss_sum, double divisor);
+// dlogits = g * (softmax - onehot) with targets [B] int32 on the device, g = grad_scale / row_divisor; with
+// scale_dev non-null, grad_scale is float(*scale_dev / divisor) read on the device.
 void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
-                                    Tensor& dlogits, const float* scale_dev = nullptr, double divisor = 1.0);
+                                    const float* scale_dev, double divisor, float row_divisor, Tensor& dlogits);
 
 // Whether FP32 GEMMs may use TF32 tensor cores (precision.allow_tf32; off by default, as torch's
 // allow_tf32 for matmuls since 1.12). fp16/bf16 GEMMs always accumulate in FP32.

@@ -54,6 +54,22 @@ void softmax_cross_entropy_backward(const Tensor& logits, std::span<const int32_
 // Row-wise argmax of logits [B, C] compared with targets: number of rows where they agree.
 int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets);
 
+// The training step's loss on the step state: the same two calls on both backends, neither reads a value back to
+// the host (the trainer reads the state at due steps). loss_sum and scale point into the step state on the logits'
+// device (host memory on the CPU, device memory on the GPU).
+// Forward: adds softmax_cross_entropy_forward's sum / divisor to *loss_sum (a double; the GPU sums the rows in
+// another fixed order). targets are checked on the host (Error, bad input, naming the row); targets_dev and
+// row_loss are scratch of the caller's that carry the targets and row losses on the GPU (resized there; unused on
+// the CPU): keep targets_dev for the backward.
+void softmax_cross_entropy_forward_to(const Tensor& logits, std::span<const int32_t> targets, Tensor& targets_dev,
+                                      Tensor& lse, Tensor& row_loss, double* loss_sum, double divisor);
+// Backward with grad_scale = float(*scale / divisor) / row_divisor, formed where *scale lives, in the same roundings
+// on both backends (the trainer's float(S / global samples), then a criterion's own division in FP32, such as the
+// GPT's by the sequence length; row_divisor 1 changes nothing).
+void softmax_cross_entropy_backward_from(const Tensor& logits, std::span<const int32_t> targets,
+                                         const Tensor& targets_dev, const Tensor& lse, const float* scale,
+                                         double divisor, float row_divisor, Tensor& dlogits);
+
 // ---- mixed precision -------------------------------------------------------------------------------------------
 struct UnscaleResult {
   bool found_inf = false;  // any element inf or NaN after unscaling
@@ -71,6 +87,9 @@ void unscale_and_check(Tensor& grads, const float* inv_scale, float* found_inf, 
 void check_nonfinite(const Tensor& x, float* bad);
 // x = 0 when *flag > 0 (flag on x's device); otherwise x is left as it is.
 void zero_if(Tensor& x, const float* flag);
+// dst = src (equal element counts and dtypes, one device) unless *flag != 0, with flag an int32 where the tensors
+// live (the step state's agreed found_inf): a commit that only an applied step makes, decided where the step runs.
+void copy_unless(Tensor& dst, const Tensor& src, const int32_t* flag);
 // sum_i x[i]^2 over an FP32 tensor, accumulated in double (the global norm of gathered gradients).
 double sum_squares(const Tensor& x);
 // The same sum written to *out, a double on x's device (the step state's sum_sq; the GPU does not wait).

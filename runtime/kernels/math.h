@@ -100,6 +100,24 @@ AMPDIST_HOST_DEVICE float layernorm_backward(float g, float xhat, float mean_g, 
 // torch.nn.BatchNorm2d: y = (x - mean) * scale + beta with scale = invstd * gamma formed once per channel in FP32.
 AMPDIST_HOST_DEVICE float batchnorm_scale(float invstd, float gamma) { return invstd * gamma; }
 AMPDIST_HOST_DEVICE float batchnorm(float x, float mean, float scale, float beta) { return (x - mean) * scale + beta; }
+// One channel's training statistics from its sums over `count` values (double): the mean, the biased variance
+// (clamped at 0 against cancellation) and 1 / sqrt(var + eps), each rounded once to FP32 (torch.nn.BatchNorm2d).
+AMPDIST_HOST_DEVICE double batchnorm_mean(double sum, double count) { return sum / count; }
+AMPDIST_HOST_DEVICE double batchnorm_var(double sum_sq, double count, double mean) {
+  const double v = sum_sq / count - mean * mean;
+  return v > 0.0 ? v : 0.0;
+}
+AMPDIST_HOST_DEVICE float batchnorm_invstd(double var, float eps) {
+  return static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+}
+// The running statistics' update (PyTorch): running = (1 - momentum) * running + momentum * batch in FP32, the
+// variance unbiased (count / (count - 1)) for running_var.
+AMPDIST_HOST_DEVICE float batchnorm_running(float running, float momentum, float batch) {
+  return (1.0f - momentum) * running + momentum * batch;
+}
+AMPDIST_HOST_DEVICE float batchnorm_unbiased(double var, double count) {
+  return static_cast<float>(var * count / (count - 1.0));
+}
 // d/dx in double, with g = dy, xhat = (x - mean) * invstd, k = gamma * invstd and the channel means
 // mean_g = sum g / count, mean_gx = sum g xhat / count (0 and 0 in evaluation mode, where the statistics are
 // constants): dx = k * (g - mean_g - xhat * mean_gx).

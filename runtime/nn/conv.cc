@@ -17,10 +17,6 @@ const Tensor& in_dtype(const Tensor& x, DType dtype, Tensor& buffer) {
   return buffer;
 }
 const Tensor kNone;
-// n FP32 values from the host into t (on its device; a memcpy on the CPU).
-void to_device(Tensor& t, const float* host, int64_t n) {
-  device::copy(t.data(), t.device(), host, Device::kCPU, static_cast<size_t>(n) * sizeof(float));
-}
 
 }  // namespace
 
@@ -109,7 +105,6 @@ BatchNorm2d::BatchNorm2d(std::string name, int64_t channels, AllReduce allreduce
   tracked_.shape = {1};
   tracked_.init = 0.0f;
   for (Buffer* b : {&running_mean_, &running_var_, &tracked_}) b->allocate();
-  sums_.resize(static_cast<size_t>(2 * channels + 1));
 }
 
 void BatchNorm2d::collect_parameters(std::vector<Parameter*>& out) {
@@ -123,6 +118,27 @@ void BatchNorm2d::collect_buffers(std::vector<Buffer*>& out) {
   out.push_back(&tracked_);
 }
 
+void BatchNorm2d::place_buffers(Device device) {
+  for (Buffer* b : {&running_mean_, &running_var_, &tracked_}) {
+    if (b->value.device() == device && b->staged.device() == device) continue;
+    if (b->offset >= 0)
+      throw Error("BatchNorm2d " + name() + ": its running statistics (bound to the model's buffers) are not on the " +
+                  (device == Device::kCUDA ? "GPU" : "CPU") + ", where its input is");
+    b->value = b->value.to(device);
+    b->staged = b->staged.to(device);
+  }
+}
+
+void BatchNorm2d::allreduce_sums(int64_t n, bool with_count) {
+  const size_t len = static_cast<size_t>(n);
+  host_sums_.resize(len + (with_count ? 1 : 0));
+  device::read_to_host(host_sums_.data(), sums(), sums_.device(), len * sizeof(double));
+  if (with_count) host_sums_[len] = count_;  // this rank's count; the global one after the all-reduce
+  allreduce_(std::span<double>(host_sums_));
+  device::copy(sums(), sums_.device(), host_sums_.data(), Device::kCPU, len * sizeof(double));
+  if (with_count) count_ = host_sums_[len];
+}
+
 const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
   if (x_in.ndim() != 4 || x_in.dim(1) != channels_)
     throw Error("BatchNorm2d " + name() + ": input " + shape_str(x_in.shape()) + ", expected [N, " +
@@ -132,50 +148,24 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
   const Tensor& x = x_saved_;
   const int64_t C = channels_;
   const Device dev = x.device();
+  place_buffers(dev);
   mean_.ensure({C}, DType::kFloat32, dev);
   var_.ensure({C}, DType::kFloat32, dev);
   invstd_.ensure({C}, DType::kFloat32, dev);
-  // The statistics are formed on the host (from the sums, or the running statistics, which are host buffers), then
-  // copied to x's device.
-  host_stats_.resize(static_cast<size_t>(3 * C));
-  float* m = host_stats_.data();
-  float* v = m + C;
-  float* is = m + 2 * C;
   if (training_) {
-    std::span<double> sums(sums_);
-    kernels::batchnorm_sums(x, sums.first(static_cast<size_t>(2 * C)));
-    sums[static_cast<size_t>(2 * C)] = static_cast<double>(x.dim(0) * x.dim(2) * x.dim(3));
-    if (allreduce_) allreduce_(sums);
-    count_ = sums[static_cast<size_t>(2 * C)];
+    sums_.ensure({4 * C}, DType::kFloat32, dev);  // 2C doubles
+    kernels::batchnorm_sums_to(x, sums());
+    count_ = static_cast<double>(x.dim(0) * x.dim(2) * x.dim(3));
+    if (allreduce_) allreduce_sums(2 * C, true);
     if (count_ <= 1)
       throw Error("BatchNorm2d " + name() + ": training needs more than one value per channel, got input " +
                   shape_str(x.shape()));
-    float* rm = running_mean_.staged.data_as<float>();
-    float* rv = running_var_.staged.data_as<float>();
-    for (int64_t c = 0; c < C; ++c) {
-      const double mean = sums_[static_cast<size_t>(c)] / count_;
-      const double var = std::max(0.0, sums_[static_cast<size_t>(C + c)] / count_ - mean * mean);
-      m[c] = static_cast<float>(mean);
-      v[c] = static_cast<float>(var);
-      is[c] = static_cast<float>(1.0 / std::sqrt(var + eps_));
-      // PyTorch: running = (1 - momentum) * running + momentum * batch, the variance unbiased (n / (n - 1)).
-      rm[c] = (1.0f - momentum_) * rm[c] + momentum_ * static_cast<float>(mean);
-      rv[c] = (1.0f - momentum_) * rv[c] + momentum_ * static_cast<float>(var * count_ / (count_ - 1.0));
-    }
-    tracked_.staged.data_as<float>()[0] += 1.0f;
+    kernels::batchnorm_statistics(sums(), count_, eps_, momentum_, mean_, var_, invstd_, running_mean_.staged,
+                                  running_var_.staged, tracked_.staged);
   } else {
-    const float* rm = running_mean_.value.data_as<float>();
-    const float* rv = running_var_.value.data_as<float>();
-    for (int64_t c = 0; c < C; ++c) {
-      m[c] = rm[c];
-      v[c] = rv[c];
-      is[c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(rv[c]) + eps_));
-    }
+    kernels::batchnorm_running_statistics(running_mean_.value, running_var_.value, eps_, mean_, var_, invstd_);
     count_ = 0;
   }
-  to_device(mean_, m, C);
-  to_device(var_, v, C);
-  to_device(invstd_, is, C);
   y_.ensure(x.shape(), out_dtype_, dev);
   kernels::batchnorm_apply(x, mean_, invstd_, weight_.master, bias_.master, y_, relu_);
   return y_;
@@ -184,37 +174,22 @@ const Tensor& BatchNorm2d::forward(const Tensor& x_in) {
 const Tensor& BatchNorm2d::backward(const Tensor& dy_in, GradContext& ctx) {
   const Tensor& dy = dy_in;  // FP32 or 16-bit, read as FP32
   const int64_t C = channels_;
-  std::span<double> sums = std::span<double>(sums_).first(static_cast<size_t>(2 * C));
   const Tensor* relu_y = relu_ ? &y_ : nullptr;
-  kernels::batchnorm_backward_sums(x_saved_, dy, mean_, invstd_, sums, relu_y);
-  // This rank's share of dgamma = sum dy * xhat and dbeta = sum dy (the gradient reduction sums the ranks').
-  // Formed on the host as FP32, staged on the gradient buffer's device, then written or added (a later
-  // micro-batch) into it.
-  host_stats_.resize(static_cast<size_t>(3 * C));
-  for (int64_t c = 0; c < C; ++c) {
-    host_stats_[static_cast<size_t>(c)] = static_cast<float>(sums[static_cast<size_t>(C + c)]);
-    host_stats_[static_cast<size_t>(C + c)] = static_cast<float>(sums[static_cast<size_t>(c)]);
-  }
-  grad_stage_.ensure({2 * C}, DType::kFloat32, weight_.grad.device());
-  to_device(grad_stage_, host_stats_.data(), 2 * C);
-  const Tensor dg = Tensor::view(grad_stage_.data(), {C}, DType::kFloat32, grad_stage_.device());
-  const Tensor db = Tensor::view(grad_stage_.data_as<float>() + C, {C}, DType::kFloat32, grad_stage_.device());
-  for (auto [grad, stage] : {std::pair{&weight_.grad, &dg}, std::pair{&bias_.grad, &db}}) {
-    if (ctx.accumulate)
-      kernels::add_inplace(*grad, *stage);
-    else
-      device::copy(grad->data(), grad->device(), stage->data(), stage->device(), grad->nbytes());
-  }
+  sums_.ensure({4 * C}, DType::kFloat32, x_saved_.device());
+  kernels::batchnorm_backward_sums_to(x_saved_, dy, mean_, invstd_, sums(), relu_y);
+  // This rank's share of dgamma = sum dy * xhat and dbeta = sum dy, formed where the sums are and written, or added
+  // (a later micro-batch), into the gradient buffer (the gradient reduction sums the ranks').
+  kernels::batchnorm_param_grads(sums(), weight_.grad, bias_.grad, ctx.accumulate);
   if (ctx.on_grad_ready) {
     ctx.on_grad_ready(weight_);
     ctx.on_grad_ready(bias_);
   }
   // Synchronised statistics: every rank's dx depends on the global sums (called on every rank alike, so the
   // collective is matched even when this rank's dx is not needed).
-  if (allreduce_ && count_ > 0) allreduce_(sums);
+  if (allreduce_ && count_ > 0) allreduce_sums(2 * C, false);
   if (!ctx.need_input_grad) return kNone;
   dx_.ensure(x_saved_.shape(), x_saved_.dtype(), x_saved_.device());
-  kernels::batchnorm_backward_dx(x_saved_, dy, mean_, invstd_, weight_.master, sums, count_, dx_, relu_y);
+  kernels::batchnorm_backward_dx_from(x_saved_, dy, mean_, invstd_, weight_.master, sums(), count_, dx_, relu_y);
   return dx_;
 }
 

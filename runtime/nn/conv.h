@@ -58,6 +58,10 @@ class Conv2d : public Module {
 // Synchronised (SyncBatchNorm): `allreduce_sum` sums doubles over the ranks in place; the statistics are then those
 // of the global batch (sums and sums of squares all-reduced in the forward, the two gradient sums in the
 // backward), and gamma/beta gradients stay this rank's share (the gradient reduction sums them).
+// Where it runs: the sums, the statistics and the running statistics stay on the input's device (kernels/cnn.h's
+// batchnorm_*_to / batchnorm_statistics), so an unsynchronised BatchNorm reads nothing back to the host in a
+// training step. A synchronised one takes its sums through the host for the all-reduce (`allreduce_sum` is a host
+// collective): two host reads per layer per micro-batch (device::note_host_read counts them).
 class BatchNorm2d : public Module {
  public:
   using AllReduce = std::function<void(std::span<double>)>;
@@ -102,10 +106,17 @@ class BatchNorm2d : public Module {
   Parameter weight_, bias_;
   Buffer running_mean_, running_var_, tracked_;
   Tensor x_saved_, y_, mean_, var_, invstd_, dx_;
-  Tensor grad_stage_;               // dgamma and dbeta on the gradient buffer's device, before they reach it
-  std::vector<float> host_stats_;  // mean, var and invstd as formed on the host (or dgamma and dbeta)
+  // 2C doubles on the input's device: the forward's or the backward's per-channel sums, so that the statistics are
+  // formed where the step runs and the step reads nothing back.
+  Tensor sums_;
+  double* sums() { return static_cast<double*>(sums_.data()); }
+  std::vector<double> host_sums_;  // a synchronised BatchNorm's sums on their way through the all-reduce
   double count_ = 0;  // elements per channel of the last training forward (global when synchronised)
-  std::vector<double> sums_;
+  // The running statistics on the input's device: a layer used on its own moves its buffers there; bound to
+  // ModelBuffers they are already there (else Error).
+  void place_buffers(Device device);
+  // Synchronised: sums_'s first n doubles (and the count at n when with_count) through the host all-reduce.
+  void allreduce_sums(int64_t n, bool with_count);
 };
 
 // torch.nn.MaxPool2d(kernel, stride, padding) / AvgPool2d(kernel, stride, padding) (count_include_pad), FP32.

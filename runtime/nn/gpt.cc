@@ -289,13 +289,21 @@ double LanguageModelLoss::forward(const Tensor& logits, std::span<const int32_t>
     throw Error("language-model loss: logits " + shape_str(logits.shape()) + " for " +
                 std::to_string(targets.size()) + " targets");
   logits_ = logits;
-  return kernels::softmax_cross_entropy_forward(logits, targets, lse_) / static_cast<double>(model_.seq_len());
+  const double seq_len = static_cast<double>(model_.seq_len());
+  if (!device_loss_sum_) return kernels::softmax_cross_entropy_forward(logits, targets, lse_) / seq_len;
+  // The training step: the loss is added to the step state where it lives (no host read on either backend).
+  kernels::softmax_cross_entropy_forward_to(logits, targets, targets_dev_, lse_, row_loss_, device_loss_sum_, seq_len);
+  return 0.0;
 }
 
 const Tensor& LanguageModelLoss::backward(float grad_scale) {
   dlogits_.ensure(logits_.shape(), logits_.dtype(), logits_.device());
-  kernels::softmax_cross_entropy_backward(logits_, model_.targets(), lse_,
-                                          grad_scale / static_cast<float>(model_.seq_len()), dlogits_);
+  const float seq_len = static_cast<float>(model_.seq_len());
+  if (device_scale_)
+    kernels::softmax_cross_entropy_backward_from(logits_, model_.targets(), targets_dev_, lse_, device_scale_,
+                                                 device_divisor_, seq_len, dlogits_);
+  else
+    kernels::softmax_cross_entropy_backward(logits_, model_.targets(), lse_, grad_scale / seq_len, dlogits_);
   return dlogits_;
 }
 

@@ -95,10 +95,11 @@ class LanguageModelLoss : public Criterion {
   explicit LanguageModelLoss(const GptModel& model) : model_(model) {}
   double forward(const Tensor& logits, std::span<const int32_t> unused_labels) override;
   const Tensor& backward(float grad_scale) override;
+  bool supports_device_step() const override { return true; }
 
  private:
   const GptModel& model_;
-  Tensor logits_, lse_, dlogits_;
+  Tensor logits_, lse_, dlogits_, targets_dev_, row_loss_;
 };
 
 // One draw from softmax(logits / temperature) restricted to the top_k largest logits (top_k <= 0: all), by

@@ -56,23 +56,50 @@ void Buffer::allocate() {
   std::fill(staged.data_as<float>(), staged.data_as<float>() + staged.numel(), init);
 }
 
-ModelBuffers::ModelBuffers(std::span<Buffer* const> buffers) {
+ModelBuffers::ModelBuffers(std::span<Buffer* const> buffers, Device device) {
   for (Buffer* b : buffers) b->offset = layout_[layout_.add(b->name, b->shape)].offset;
-  committed_ = Tensor::zeros({layout_.numel()}, DType::kFloat32);
-  staged_ = Tensor::zeros({layout_.numel()}, DType::kFloat32);
+  // The current values gathered on the host, then placed on the device once.
+  std::vector<float> host(static_cast<size_t>(layout_.numel()));
   for (Buffer* b : buffers) {
-    float* c = committed_.data_as<float>() + b->offset;
-    float* s = staged_.data_as<float>() + b->offset;
-    if (b->value.data()) std::memcpy(c, b->value.data(), static_cast<size_t>(b->numel()) * sizeof(float));
-    else std::fill(c, c + b->numel(), b->init);
-    std::memcpy(s, c, static_cast<size_t>(b->numel()) * sizeof(float));
-    b->value = Tensor::view(c, b->shape, DType::kFloat32);
-    b->staged = Tensor::view(s, b->shape, DType::kFloat32);
+    float* c = host.data() + b->offset;
+    if (b->value.data()) {
+      const Tensor v = b->value.device() == Device::kCPU ? b->value : b->value.to(Device::kCPU);
+      std::memcpy(c, v.data(), static_cast<size_t>(b->numel()) * sizeof(float));
+    } else {
+      std::fill(c, c + b->numel(), b->init);
+    }
+  }
+  committed_ = Tensor::empty({layout_.numel()}, DType::kFloat32, device);
+  staged_ = Tensor::empty({layout_.numel()}, DType::kFloat32, device);
+  set_host_values(host);
+  begin_step();
+  for (Buffer* b : buffers) {
+    b->value = Tensor::view(committed_.data_as<float>() + b->offset, b->shape, DType::kFloat32, device);
+    b->staged = Tensor::view(staged_.data_as<float>() + b->offset, b->shape, DType::kFloat32, device);
   }
 }
 
-void ModelBuffers::begin_step() { std::memcpy(staged_.data(), committed_.data(), committed_.nbytes()); }
-void ModelBuffers::commit() { std::memcpy(committed_.data(), staged_.data(), committed_.nbytes()); }
+std::vector<float> ModelBuffers::host_values() const {
+  std::vector<float> out(static_cast<size_t>(committed_.numel()));
+  device::read_to_host(out.data(), committed_.data(), committed_.device(), committed_.nbytes());
+  return out;
+}
+void ModelBuffers::set_host_values(std::span<const float> values) {
+  if (static_cast<int64_t>(values.size()) != committed_.numel())
+    throw Error("model buffers: " + std::to_string(values.size()) + " values for " +
+                std::to_string(committed_.numel()));
+  device::copy(committed_.data(), committed_.device(), values.data(), Device::kCPU, committed_.nbytes());
+  if (committed_.device() == Device::kCUDA) device::synchronize();  // values may be a temporary of the caller
+}
+void ModelBuffers::begin_step() {
+  device::copy(staged_.data(), staged_.device(), committed_.data(), committed_.device(), committed_.nbytes());
+}
+void ModelBuffers::commit() {
+  device::copy(committed_.data(), committed_.device(), staged_.data(), staged_.device(), committed_.nbytes());
+}
+void ModelBuffers::commit_unless(const int32_t* agreed_found_inf) {
+  kernels::copy_unless(committed_, staged_, agreed_found_inf);
+}
 
 namespace {
 // Returns x in `dtype`, casting into `buffer` when it differs (autocast at an op boundary).
@@ -226,25 +253,9 @@ const Tensor& Activation::backward(const Tensor& dy_in, GradContext& ctx) {
 double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int32_t> targets) {
   logits_ = logits;
   targets_.assign(targets.begin(), targets.end());
-  if (logits.device() == Device::kCUDA && device_loss_sum_) {
-    // The training step on the GPU: targets checked here, copied once, loss added on the device (no host wait).
-    const int64_t classes = logits.ndim() == 2 ? logits.dim(1) : 0;
-    if (logits.ndim() != 2 || static_cast<int64_t>(targets.size()) != logits.dim(0))
-      throw Error("softmax_cross_entropy: logits " + shape_str(logits.shape()) + " and " +
-                  std::to_string(targets.size()) + " targets do not match");
-    for (size_t i = 0; i < targets.size(); ++i)
-      if (targets[i] < 0 || targets[i] >= classes)
-        throw Error("softmax_cross_entropy: target " + std::to_string(targets[i]) + " of row " + std::to_string(i) +
-                        " is outside [0, " + std::to_string(classes) + ")",
-                    ErrorKind::kBadInput);
-    targets_dev_.ensure({static_cast<int64_t>(targets.size())}, DType::kFloat32, Device::kCUDA);  // int32 payload
-    device::copy(targets_dev_.data(), Device::kCUDA, targets.data(), Device::kCPU, targets.size() * sizeof(int32_t));
-    kernels::gpu::softmax_cross_entropy_forward(logits, targets_dev_, lse_, row_loss_, device_loss_sum_, nullptr);
-    return 0.0;
-  }
-  const double total = kernels::softmax_cross_entropy_forward(logits, targets, lse_);
-  if (!device_loss_sum_) return total;
-  *device_loss_sum_ += total;  // the training step on the CPU: the step state is host memory
+  if (!device_loss_sum_) return kernels::softmax_cross_entropy_forward(logits, targets, lse_);
+  // The training step: the loss is added to the step state where it lives (no host read on either backend).
+  kernels::softmax_cross_entropy_forward_to(logits, targets, targets_dev_, lse_, row_loss_, device_loss_sum_, 1.0);
   return 0.0;
 }
 
@@ -252,13 +263,11 @@ int64_t SoftmaxCrossEntropy::correct() const { return kernels::count_correct(log
 
 const Tensor& SoftmaxCrossEntropy::backward(float grad_scale) {
   dlogits_.ensure(logits_.shape(), logits_.dtype(), logits_.device());
-  if (logits_.device() == Device::kCUDA && device_loss_sum_)
-    kernels::gpu::softmax_cross_entropy_backward(logits_, targets_dev_, lse_, grad_scale, dlogits_, device_scale_,
-                                                    device_divisor_);
+  if (device_scale_)
+    kernels::softmax_cross_entropy_backward_from(logits_, targets_, targets_dev_, lse_, device_scale_,
+                                                 device_divisor_, 1.0f, dlogits_);
   else
-    kernels::softmax_cross_entropy_backward(
-        logits_, targets_, lse_,
-        device_scale_ ? static_cast<float>(*device_scale_ / device_divisor_) : grad_scale, dlogits_);
+    kernels::softmax_cross_entropy_backward(logits_, targets_, lse_, grad_scale, dlogits_);
   return dlogits_;
 }
 

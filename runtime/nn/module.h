@@ -81,20 +81,30 @@ struct Buffer {
   void allocate();
 };
 
-// Every buffer of a model in two flat FP32 host buffers (committed and staged), laid out back to back in
-// registration order: one copy per step start, one per commit, one broadcast to keep ranks identical. CPU memory.
+// Every buffer of a model in two flat FP32 buffers (committed and staged) on the model's device (host memory on the
+// CPU, device memory on the GPU), laid out back to back in registration order: one copy per step start, one
+// conditional copy per step end, one broadcast to keep ranks identical, all where the step runs.
 class ModelBuffers {
  public:
-  // Re-points every buffer's value and staged into the flat buffers, keeping their current values.
-  explicit ModelBuffers(std::span<Buffer* const> buffers);
+  // Re-points every buffer's value and staged into the flat buffers on `device`, keeping their current values.
+  explicit ModelBuffers(std::span<Buffer* const> buffers, Device device = Device::kCPU);
   const FlatLayout& layout() const { return layout_; }
   int64_t numel() const { return layout_.numel(); }
+  Device device() const { return committed_.device(); }
+  // The committed values, [numel] FP32 on device().
   Tensor& values() { return committed_; }
   const Tensor& values() const { return committed_; }
+  // A host copy of the committed values (on the GPU a read that waits for the queued steps: for checkpoints and
+  // hashes), and their replacement from the host (a load).
+  std::vector<float> host_values() const;
+  void set_host_values(std::span<const float> values);
   // staged = committed (the start of a training step).
   void begin_step();
   // committed = staged (an applied step).
   void commit();
+  // committed = staged unless *agreed_found_inf != 0, read where the buffers live (the step state's agreed flag):
+  // only an applied step commits, and the host never needs the flag.
+  void commit_unless(const int32_t* agreed_found_inf);
 
  private:
   FlatLayout layout_;

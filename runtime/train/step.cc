@@ -42,7 +42,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
     criterion_->set_device_step(&st->step_loss, &st->scaler.scale, static_cast<double>(global_samples));
   } else {
     float scale = 0.0f;
-    device::copy(&scale, Device::kCPU, &st->scaler.scale, device_, sizeof scale);
+    device::read_to_host(&scale, &st->scaler.scale, device_, sizeof scale);
     grad_scale = static_cast<float>(scale / static_cast<double>(global_samples));
   }
   double host_loss = 0.0;
@@ -92,13 +92,13 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   // pass (the next step's cast); a skipped step leaves both as they were, so the copy stays current either way.
   optimizer_->step(masters_->master(), grads, &st->gate, masters_->fused_working_out());
   masters_->mark_working_current();
-  // Sharded state all-gathers the updated working copy, and not on a skipped step, so the host needs the agreed flag
-  // here (a 4-byte read; the numerics report needs it too).
-  // Model buffers are committed only by an applied step: the host reads the agreed flag for them too.
-  const bool per_step_flag = sharded() || numerics_ != nullptr || buffers_ != nullptr;
-  const bool skipped_here = per_step_flag && agreed_found_inf();
-  if (sharded() && !skipped_here) publish();
-  if (buffers_ && !skipped_here) commit_buffers();
+  // Sharded state all-gathers the updated working copy. Every step, so the host never needs the agreed flag: on a
+  // skipped step the optimizer left the master slice as it was, and the gather moves the same working-copy bits.
+  if (sharded()) publish();
+  // Model buffers: committed on the device only by an applied step (the commit reads the agreed flag there).
+  if (buffers_) commit_buffers();
+  // The numerics report (opt-in observability) needs the flag on the host: its one read per step.
+  const bool skipped_here = numerics_ != nullptr && agreed_found_inf();
   phase_end(Phase::kOptimizer);
   if (timer_) timer_->end_step();
 
@@ -170,28 +170,19 @@ void Trainer::publish() {
 }
 
 void Trainer::commit_buffers() {
-  buffers_->commit();
+  buffers_->commit_unless(&state_->get()->agreed_found_inf);  // a skipped step commits nothing
   if (comm_.world_size() == 1) return;
   // Rank 0's buffers to every rank (an all-gather to which only rank 0 contributes): with per-rank batch statistics
-  // each rank's running statistics differ, and DDP keeps rank 0's.
+  // each rank's running statistics differ, and DDP keeps rank 0's. Every step, where the buffers live (on the GPU
+  // NCCL over device memory, ordered on the compute stream): after a skipped step the same values travel again.
   std::vector<int64_t> counts(static_cast<size_t>(comm_.world_size()), 0);
   counts[0] = buffers_->numel();
-  Tensor& values = buffers_->values();  // host memory on either backend
-  if (device_ == Device::kCPU) {
-    comm_.allgather_inplace_async(values.data(), counts, DType::kFloat32, "model buffers broadcast")->wait();
-    return;
-  }
-  // NCCL moves device memory: the buffers travel through a device copy (wait() orders the compute stream after the
-  // collective, and the copy back to the host waits for the stream).
-  buffer_stage_.ensure(values.shape(), DType::kFloat32, device_);
-  device::copy(buffer_stage_.data(), device_, values.data(), Device::kCPU, values.nbytes());
-  comm_.allgather_inplace_async(buffer_stage_.data(), counts, DType::kFloat32, "model buffers broadcast")->wait();
-  device::copy(values.data(), Device::kCPU, buffer_stage_.data(), device_, values.nbytes());
+  comm_.allgather_inplace_async(buffers_->values().data(), counts, DType::kFloat32, "model buffers broadcast")->wait();
 }
 
 bool Trainer::agreed_found_inf() {
   int32_t v = 0;
-  device::copy(&v, Device::kCPU, &state_->get()->agreed_found_inf, device_, sizeof v);
+  device::read_to_host(&v, &state_->get()->agreed_found_inf, device_, sizeof v);
   return v != 0;
 }
 

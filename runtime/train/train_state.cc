@@ -63,7 +63,8 @@ template <typename F> void Trainer::for_each_master_chunk(F&& fn) {
 
 uint64_t Trainer::with_buffers_hash(uint64_t seed) const {
   if (!buffers_) return seed;
-  return XXH3_64bits_withSeed(buffers_->values().data(), buffers_->values().nbytes(), seed);
+  const std::vector<float> v = buffers_->host_values();
+  return XXH3_64bits_withSeed(v.data(), v.size() * sizeof(float), seed);
 }
 
 uint64_t Trainer::master_hash() {
@@ -140,8 +141,8 @@ CheckpointState Trainer::checkpoint_state() {
       t->set_offset(e.offset);
       t->set_numel(e.numel());
     }
-    const float* v = buffers_->values().data_as<float>();
-    m.mutable_buffer_values()->Add(v, v + buffers_->numel());
+    const std::vector<float> v = buffers_->host_values();
+    m.mutable_buffer_values()->Add(v.begin(), v.end());
   }
   m.set_master_xxh3(master_hash());
   s.numel = masters_->numel();
@@ -179,7 +180,7 @@ std::string Trainer::restore(const Manifest& m) {
                     std::to_string(buffers_ ? buffers_->layout().entries().size() : 0) + " tensors, " +
                     std::to_string(want) + " values)",
                 ErrorKind::kBadInput);
-  if (buffers_) std::copy(m.buffer_values().begin(), m.buffer_values().end(), buffers_->values().data_as<float>());
+  if (buffers_) buffers_->set_host_values(std::span<const float>(m.buffer_values().data(), m.buffer_values().size()));
   iteration_ = m.step();
   LossScalerState st;
   st.scale = m.scaler().scale();

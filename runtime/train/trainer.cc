@@ -38,12 +38,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
 
   model_->collect_parameters(params_);
   model_->collect_buffers(buffer_list_);
-  if (!buffer_list_.empty()) {
-    if (device_ != Device::kCPU)
-      throw Error("this model has buffers (BatchNorm running statistics), which only the CPU backend keeps",
-                  ErrorKind::kBadInput);
-    buffers_ = std::make_unique<ModelBuffers>(buffer_list_);
-  }
+  if (!buffer_list_.empty()) buffers_ = std::make_unique<ModelBuffers>(buffer_list_, device_);  // on the step's device
   // ZeRO stage 1: this rank's slice of the master weights and optimizer state (comm.mode REDUCE_SCATTER is stage 1).
   const bool sharded = cfg_.optimizer().zero_stage() == 1 || cfg_.comm().mode() == REDUCE_SCATTER;
   masters_ = bind_parameters(params_, working, device_, cfg_.train().seed(),

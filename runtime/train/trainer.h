@@ -212,7 +212,6 @@ class Trainer {
   std::vector<int32_t> eval_y_;
   Tensor host_master_;                 // host copies for checkpoints of GPU runs
   std::vector<Tensor> host_optim_;
-  Tensor buffer_stage_;  // on the GPU: the model buffers' device copy for their broadcast (NCCL moves device memory)
   Tensor rank_sums_;   // sharded: every rank's sum of squares (a double as 4 x 16 bits each), on the step's device
   std::string run_id_;
 

@@ -3,6 +3,8 @@
 // as loops over channels split across the compute threads (cpu/parallel.h: each output element is computed by the
 // same operations for any thread count, so results are bitwise reproducible).
 #include <immintrin.h>
+#include <initializer_list>
+#include <string>
 
 #include <bit>
 #include <cmath>
@@ -575,6 +577,75 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean
       });
     });
   });
+}
+
+namespace {
+int64_t channels_of(const Tensor& x) { return x.ndim() == 4 ? x.dim(1) : 0; }  // a wrong rank fails the checks
+// The per-channel tensors of the statistics: FP32 [C] on the CPU.
+void require_channels(const char* op, int64_t c, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->device() != Device::kCPU || t->dtype() != DType::kFloat32 || t->numel() != c)
+      throw Error(std::string(op) + ": per-channel tensors must be FP32 [" + std::to_string(c) + "] on the CPU, got " +
+                  shape_str(t->shape()) + " " + dtype_name(t->dtype()));
+}
+}  // namespace
+
+void batchnorm_sums_to(const Tensor& x, double* sums) {
+  batchnorm_sums(x, std::span<double>(sums, static_cast<size_t>(2 * channels_of(x))));
+}
+void batchnorm_backward_sums_to(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                double* sums, const Tensor* relu_y) {
+  batchnorm_backward_sums(x, dy, mean, invstd, std::span<double>(sums, static_cast<size_t>(2 * channels_of(x))),
+                          relu_y);
+}
+void batchnorm_backward_dx_from(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                const Tensor& gamma, const double* sums, double count, Tensor& dx,
+                                const Tensor* relu_y) {
+  batchnorm_backward_dx(x, dy, mean, invstd, gamma,
+                        std::span<const double>(sums, static_cast<size_t>(2 * channels_of(x))), count, dx, relu_y);
+}
+
+void batchnorm_statistics(const double* sums, double count, float eps, float momentum, Tensor& mean, Tensor& var,
+                          Tensor& invstd, Tensor& running_mean, Tensor& running_var, Tensor& tracked) {
+  const int64_t c = mean.numel();
+  require_channels("batchnorm_statistics", c, {&mean, &var, &invstd, &running_mean, &running_var});
+  require_channels("batchnorm_statistics", 1, {&tracked});
+  float *m = mean.data_as<float>(), *v = var.data_as<float>(), *is = invstd.data_as<float>();
+  float *rm = running_mean.data_as<float>(), *rv = running_var.data_as<float>();
+  for (int64_t i = 0; i < c; ++i) {
+    const double mu = math::batchnorm_mean(sums[i], count);
+    const double sigma2 = math::batchnorm_var(sums[c + i], count, mu);
+    m[i] = static_cast<float>(mu);
+    v[i] = static_cast<float>(sigma2);
+    is[i] = math::batchnorm_invstd(sigma2, eps);
+    rm[i] = math::batchnorm_running(rm[i], momentum, static_cast<float>(mu));
+    rv[i] = math::batchnorm_running(rv[i], momentum, math::batchnorm_unbiased(sigma2, count));
+  }
+  tracked.data_as<float>()[0] += 1.0f;
+}
+
+void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& mean,
+                                  Tensor& var, Tensor& invstd) {
+  const int64_t c = mean.numel();
+  require_channels("batchnorm_running_statistics", c, {&running_mean, &running_var, &mean, &var, &invstd});
+  const float *rm = running_mean.data_as<float>(), *rv = running_var.data_as<float>();
+  float *m = mean.data_as<float>(), *v = var.data_as<float>(), *is = invstd.data_as<float>();
+  for (int64_t i = 0; i < c; ++i) {
+    m[i] = rm[i];
+    v[i] = rv[i];
+    is[i] = math::batchnorm_invstd(static_cast<double>(rv[i]), eps);
+  }
+}
+
+void batchnorm_param_grads(const double* sums, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  const int64_t c = dgamma.numel();
+  require_channels("batchnorm_param_grads", c, {&dgamma, &dbeta});
+  float *g = dgamma.data_as<float>(), *b = dbeta.data_as<float>();
+  for (int64_t i = 0; i < c; ++i) {
+    const float dg = static_cast<float>(sums[c + i]), db = static_cast<float>(sums[i]);
+    g[i] = accumulate ? g[i] + dg : dg;
+    b[i] = accumulate ? b[i] + db : db;
+  }
 }
 
 void residual_add(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {

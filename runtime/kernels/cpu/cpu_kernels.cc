@@ -601,6 +601,15 @@ void check_nonfinite(const Tensor& x, float* bad) {
   if (b) *bad = 1.0f;
 }
 
+void copy_unless(Tensor& dst, const Tensor& src, const int32_t* flag) {
+  require_cpu("copy_unless", dst);
+  require_cpu("copy_unless", src);
+  if (dst.numel() != src.numel() || dst.dtype() != src.dtype())
+    throw Error("copy_unless: " + shape_str(src.shape()) + " " + dtype_name(src.dtype()) + " into " +
+                shape_str(dst.shape()) + " " + dtype_name(dst.dtype()));
+  if (*flag == 0 && dst.nbytes() > 0) std::memcpy(dst.data(), src.data(), dst.nbytes());
+}
+
 void zero_if(Tensor& x, const float* flag) {
   require_cpu("zero_if", x);
   if (*flag > 0.0f) std::memset(x.data(), 0, x.nbytes());

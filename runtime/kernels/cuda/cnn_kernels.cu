@@ -115,6 +115,37 @@ __global__ void k_bn_backward_dx(const void* x, int xd, const void* dy, int dd, 
   }
 }
 
+__global__ void k_bn_statistics(const double* sums, int64_t c, double count, float eps, float momentum, float* mean,
+                                float* var, float* invstd, float* rm, float* rv, float* tracked) {
+  AMPDIST_GRID_STRIDE(i, c) {
+    const double mu = math::batchnorm_mean(sums[i], count);
+    const double sigma2 = math::batchnorm_var(sums[c + i], count, mu);
+    mean[i] = static_cast<float>(mu);
+    var[i] = static_cast<float>(sigma2);
+    invstd[i] = math::batchnorm_invstd(sigma2, eps);
+    rm[i] = math::batchnorm_running(rm[i], momentum, static_cast<float>(mu));
+    rv[i] = math::batchnorm_running(rv[i], momentum, math::batchnorm_unbiased(sigma2, count));
+    if (i == 0) tracked[0] += 1.0f;
+  }
+}
+
+__global__ void k_bn_running_statistics(const float* rm, const float* rv, int64_t c, float eps, float* mean,
+                                        float* var, float* invstd) {
+  AMPDIST_GRID_STRIDE(i, c) {
+    mean[i] = rm[i];
+    var[i] = rv[i];
+    invstd[i] = math::batchnorm_invstd(static_cast<double>(rv[i]), eps);
+  }
+}
+
+__global__ void k_bn_param_grads(const double* sums, int64_t c, float* dg, float* db, bool accumulate) {
+  AMPDIST_GRID_STRIDE(i, c) {
+    const float g = static_cast<float>(sums[c + i]), b = static_cast<float>(sums[i]);
+    dg[i] = accumulate ? dg[i] + g : g;
+    db[i] = accumulate ? db[i] + b : b;
+  }
+}
+
 __global__ void k_residual_add(const void* a, int ad, const void* b, int bd, int64_t n, float* y, bool relu) {
   AMPDIST_GRID_STRIDE(i, n) {
     const float v = load(a, ad, i) + load(b, bd, i);
@@ -250,6 +281,28 @@ void batchnorm_backward_dx(const void* x, int x_dtype, const void* dy, int dy_dt
   k_bn_backward_dx<<<grid(n * c * hw), kThreads, 0, st(s)>>>(x, x_dtype, dy, dy_dtype, relu_y, relu_dtype, n * c, c,
                                                              hw, mean, invstd, gamma, sums, count, dx, dx_dtype);
   check_launch("batchnorm_backward_dx");
+}
+
+void batchnorm_statistics(const double* sums, int64_t c, double count, float eps, float momentum, float* mean,
+                          float* var, float* invstd, float* running_mean, float* running_var, float* tracked,
+                          Stream s) {
+  if (c == 0) return;
+  k_bn_statistics<<<grid(c), kThreads, 0, st(s)>>>(sums, c, count, eps, momentum, mean, var, invstd, running_mean,
+                                                   running_var, tracked);
+  check_launch("batchnorm_statistics");
+}
+
+void batchnorm_running_statistics(const float* running_mean, const float* running_var, int64_t c, float eps,
+                                  float* mean, float* var, float* invstd, Stream s) {
+  if (c == 0) return;
+  k_bn_running_statistics<<<grid(c), kThreads, 0, st(s)>>>(running_mean, running_var, c, eps, mean, var, invstd);
+  check_launch("batchnorm_running_statistics");
+}
+
+void batchnorm_param_grads(const double* sums, int64_t c, float* dgamma, float* dbeta, bool accumulate, Stream s) {
+  if (c == 0) return;
+  k_bn_param_grads<<<grid(c), kThreads, 0, st(s)>>>(sums, c, dgamma, dbeta, accumulate);
+  check_launch("batchnorm_param_grads");
 }
 
 void residual_add(const void* a, int a_dtype, const void* b, int b_dtype, int64_t n, float* y, bool relu, Stream s) {

@@ -16,6 +16,7 @@
 // Winograd transforms); the choice, its math type and its workspace are cached per shape. A 16-bit case for which
 // cuDNN offers no such algorithm runs on the widened operands instead (the same contract).
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <tuple>
@@ -125,6 +126,77 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean
                                          relu_code(relu_y), d.n, d.c, d.hw, mean.data_as<float>(),
                                          invstd.data_as<float>(), gamma.data_as<float>(), s, count, dx.data(),
                                          code(dx.dtype()), stream());
+  });
+}
+
+namespace {
+int64_t channels_of(const Tensor& x) { return x.ndim() == 4 ? x.dim(1) : 0; }
+void require_channels(const char* op, int64_t c, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->device() != Device::kCUDA || t->dtype() != DType::kFloat32 || t->numel() != c)
+      throw Error(std::string(op) + ": per-channel tensors must be FP32 [" + std::to_string(c) + "] on the GPU, got " +
+                  shape_str(t->shape()) + " " + dtype_name(t->dtype()));
+}
+}  // namespace
+
+void batchnorm_sums_to(const Tensor& x, double* sums) {
+  const Nchw d = checks::batchnorm("batchnorm", x, {}, {}, 2 * channels_of(x), kGpu);
+  launch([&] { ampdist::cuda::batchnorm_sums(x.data(), code(x.dtype()), d.n, d.c, d.hw, sums, stream()); });
+}
+
+void batchnorm_backward_sums_to(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                double* sums, const Tensor* relu_y) {
+  const Nchw d =
+      checks::batchnorm("batchnorm backward", x, {&dy, relu_y}, {&mean, &invstd}, 2 * channels_of(x), kGpu);
+  launch([&] {
+    ampdist::cuda::batchnorm_backward_sums(x.data(), code(x.dtype()), dy.data(), code(dy.dtype()), relu_data(relu_y),
+                                           relu_code(relu_y), d.n, d.c, d.hw, mean.data_as<float>(),
+                                           invstd.data_as<float>(), sums, stream());
+  });
+}
+
+void batchnorm_backward_dx_from(const Tensor& x, const Tensor& dy, const Tensor& mean, const Tensor& invstd,
+                                const Tensor& gamma, const double* sums, double count, Tensor& dx,
+                                const Tensor* relu_y) {
+  const Nchw d = checks::batchnorm("batchnorm backward", x, {&dy, &dx, relu_y}, {&mean, &invstd, &gamma},
+                                   2 * channels_of(x), kGpu);
+  launch([&] {
+    ampdist::cuda::batchnorm_backward_dx(x.data(), code(x.dtype()), dy.data(), code(dy.dtype()), relu_data(relu_y),
+                                         relu_code(relu_y), d.n, d.c, d.hw, mean.data_as<float>(),
+                                         invstd.data_as<float>(), gamma.data_as<float>(), sums, count, dx.data(),
+                                         code(dx.dtype()), stream());
+  });
+}
+
+void batchnorm_statistics(const double* sums, double count, float eps, float momentum, Tensor& mean, Tensor& var,
+                          Tensor& invstd, Tensor& running_mean, Tensor& running_var, Tensor& tracked) {
+  const int64_t c = mean.numel();
+  require_channels("batchnorm_statistics", c, {&mean, &var, &invstd, &running_mean, &running_var});
+  require_channels("batchnorm_statistics", 1, {&tracked});
+  launch([&] {
+    ampdist::cuda::batchnorm_statistics(sums, c, count, eps, momentum, mean.data_as<float>(), var.data_as<float>(),
+                                        invstd.data_as<float>(), running_mean.data_as<float>(),
+                                        running_var.data_as<float>(), tracked.data_as<float>(), stream());
+  });
+}
+
+void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& mean,
+                                  Tensor& var, Tensor& invstd) {
+  const int64_t c = mean.numel();
+  require_channels("batchnorm_running_statistics", c, {&running_mean, &running_var, &mean, &var, &invstd});
+  launch([&] {
+    ampdist::cuda::batchnorm_running_statistics(running_mean.data_as<float>(), running_var.data_as<float>(), c, eps,
+                                                mean.data_as<float>(), var.data_as<float>(), invstd.data_as<float>(),
+                                                stream());
+  });
+}
+
+void batchnorm_param_grads(const double* sums, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
+  const int64_t c = dgamma.numel();
+  require_channels("batchnorm_param_grads", c, {&dgamma, &dbeta});
+  launch([&] {
+    ampdist::cuda::batchnorm_param_grads(sums, c, dgamma.data_as<float>(), dbeta.data_as<float>(), accumulate,
+                                         stream());
   });
 }
 
@@ -311,7 +383,7 @@ void choose(ConvPlan& p, Pass pass, const Perf* perf, int returned, cudnnMathTyp
 
 // The plan for (shape, dtype, math) with an algorithm chosen for `pass`, or null when cuDNN offers none that
 // qualifies. The descriptor gets the chosen algorithm's math type (its workspace size is that combination's).
-ConvPlan* ready(const ConvShape& s, DType dtype, cudnnMathType_t math, Pass pass) {
+ConvPlan* ready_with(const ConvShape& s, DType dtype, cudnnMathType_t math, Pass pass) {
   ConvPlan& p = plan(s, dtype, math);
   const int k = static_cast<int>(pass);
   if (p.choice[k] == Choice::kUnknown) {
@@ -339,6 +411,15 @@ ConvPlan* ready(const ConvShape& s, DType dtype, cudnnMathType_t math, Pass pass
   if (p.choice[k] != Choice::kChosen) return nullptr;
   check_dnn(cudnnSetConvolutionMathType(p.conv, p.math[k]), "cudnnSetConvolutionMathType");
   return &p;
+}
+// ready_with `math`, and for FP32 operands then with FMA math. Of the weight-gradient algorithms that sum products,
+// cuDNN documents only ALGO_1 as deterministic (ALGO_0 and ALGO_3 add with atomics), and its heuristics need not
+// offer ALGO_1 with tensor-core math for every shape; plain FP32 FMA math keeps the contract (each product is formed
+// exactly inside the fused multiply-add, the sums are FP32), and is what an FP32 run without TF32 uses anyway.
+ConvPlan* ready(const ConvShape& s, DType dtype, cudnnMathType_t math, Pass pass) {
+  if (ConvPlan* p = ready_with(s, dtype, math, pass)) return p;
+  if (dtype != DType::kFloat32 || math == CUDNN_FMA_MATH) return nullptr;
+  return ready_with(s, dtype, CUDNN_FMA_MATH, pass);
 }
 [[noreturn]] void no_algorithm(const char* what) {
   throw Error(std::string("cuDNN ") + what +
@@ -491,6 +572,21 @@ void batchnorm_backward_dx(const Tensor&, const Tensor&, const Tensor&, const Te
                            std::span<const double>, double, Tensor&, const Tensor*) {
   no_cuda("batchnorm backward");
 }
+void batchnorm_sums_to(const Tensor&, double*) { no_cuda("batchnorm"); }
+void batchnorm_backward_sums_to(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double*, const Tensor*) {
+  no_cuda("batchnorm backward");
+}
+void batchnorm_backward_dx_from(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const double*, double, Tensor&, const Tensor*) {
+  no_cuda("batchnorm backward");
+}
+void batchnorm_statistics(const double*, double, float, float, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
+  no_cuda("batchnorm");
+}
+void batchnorm_running_statistics(const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&) {
+  no_cuda("batchnorm");
+}
+void batchnorm_param_grads(const double*, Tensor&, Tensor&, bool) { no_cuda("batchnorm backward"); }
 void residual_add(const Tensor&, const Tensor&, Tensor&, bool) { no_cuda("residual_add"); }
 void maxpool2d_forward(const PoolShape&, const Tensor&, Tensor&, std::span<int32_t>) { no_cuda("maxpool2d"); }
 void maxpool2d_backward(const PoolShape&, const Tensor&, std::span<const int32_t>, Tensor&) {

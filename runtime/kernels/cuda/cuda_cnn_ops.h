@@ -33,6 +33,13 @@ void batchnorm_backward_sums(const void* x, int x_dtype, const void* dy, int dy_
 void batchnorm_backward_dx(const void* x, int x_dtype, const void* dy, int dy_dtype, const void* relu_y,
                            int relu_dtype, int64_t n, int64_t c, int64_t hw, const float* mean, const float* invstd,
                            const float* gamma, const double* sums, double count, void* dx, int dx_dtype, Stream s);
+// The per-channel statistics of kernels/cnn.h's batchnorm_statistics / batchnorm_running_statistics /
+// batchnorm_param_grads, one thread per channel, with math.h's formulas (bitwise the CPU's).
+void batchnorm_statistics(const double* sums, int64_t c, double count, float eps, float momentum, float* mean,
+                          float* var, float* invstd, float* running_mean, float* running_var, float* tracked, Stream s);
+void batchnorm_running_statistics(const float* running_mean, const float* running_var, int64_t c, float eps,
+                                  float* mean, float* var, float* invstd, Stream s);
+void batchnorm_param_grads(const double* sums, int64_t c, float* dgamma, float* dbeta, bool accumulate, Stream s);
 // y [n] FP32 = float(a) + float(b), then math::relu when relu.
 void residual_add(const void* a, int a_dtype, const void* b, int b_dtype, int64_t n, float* y, bool relu, Stream s);
 

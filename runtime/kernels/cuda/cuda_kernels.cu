@@ -119,9 +119,11 @@ __global__ void k_xent_fwd(const T* z, const int32_t* t, int64_t rows, int64_t c
 
 template <typename T, typename D>
 __global__ void k_xent_bwd(const T* z, const int32_t* t, const float* lse, int64_t rows, int64_t cols, float scale,
-                           const float* scale_dev, double divisor, D* dz) {
-  // The trainer's grad_scale = float(S / global samples), computed as the host does, from the device's S.
+                           const float* scale_dev, double divisor, float row_divisor, D* dz) {
+  // The trainer's grad_scale = float(S / global samples), computed as the host does, from the device's S; then the
+  // criterion's own division in FP32, as its CPU path does.
   if (scale_dev) scale = static_cast<float>(static_cast<double>(*scale_dev) / divisor);
+  scale = scale / row_divisor;
   GRID_STRIDE(i, rows * cols) {
     const int64_t r = i / cols, j = i % cols;
     const float p = expf(ld<T>(z, i) - lse[r]);
@@ -184,12 +186,12 @@ __global__ void k_unscale_pass1(float* g, int64_t n, float inv_scale, const floa
   if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 
-__global__ void k_sum_pass2(const double* part, int nparts, double* out, bool add) {
+__global__ void k_sum_pass2(const double* part, int nparts, double* out, bool add, double divisor = 1.0) {
   __shared__ double sh[kThreads];
   double acc = 0.0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += part[i];
   acc = block_reduce(acc, SumD{}, sh);
-  if (threadIdx.x == 0) *out = add ? *out + acc : acc;
+  if (threadIdx.x == 0) *out = add ? *out + acc / divisor : acc / divisor;
 }
 
 __global__ void k_scale(float* x, int64_t n, float f) {
@@ -240,6 +242,10 @@ __global__ void k_check_nonfinite(const float* x, int64_t n, float* bad) {
   bool b = false;
   GRID_STRIDE(i, n) b |= !math::is_finite(x[i]);
   if (b) *bad = 1.0f;  // benign race: every writer stores the same value
+}
+__global__ void k_copy_unless(unsigned char* dst, const unsigned char* src, int64_t bytes, const int32_t* flag) {
+  if (*flag != 0) return;
+  GRID_STRIDE(i, bytes) dst[i] = src[i];
 }
 __global__ void k_zero_if(float* x, int64_t n, const float* flag) {
   if (!(*flag > 0.0f)) return;
@@ -337,15 +343,15 @@ void softmax_xent_forward(const void* logits, int d, const int32_t* targets, int
 }
 
 void softmax_xent_backward(const void* logits, int d, const int32_t* targets, const float* lse, int64_t rows,
-                           int64_t classes, float grad_scale, const float* scale_dev, double divisor, void* dlogits,
-                           int dd, Stream s) {
+                           int64_t classes, float grad_scale, const float* scale_dev, double divisor,
+                           float row_divisor, void* dlogits, int dd, Stream s) {
   if (rows * classes == 0) return;
   by_dtype(d, [&](auto T) {
     by_dtype(dd, [&](auto D) {
       using TT = decltype(T);
       using TD = decltype(D);
       k_xent_bwd<TT, TD><<<blocks_for(rows * classes), kThreads, 0, st(s)>>>(
-          static_cast<const TT*>(logits), targets, lse, rows, classes, grad_scale, scale_dev, divisor,
+          static_cast<const TT*>(logits), targets, lse, rows, classes, grad_scale, scale_dev, divisor, row_divisor,
           static_cast<TD*>(dlogits));
     });
   });
@@ -363,9 +369,9 @@ void argmax_hits(const void* logits, int d, const int32_t* targets, int64_t rows
   check_launch("count_correct");
 }
 
-void sum_f32(const float* x, int64_t n, double* out, bool add, Stream s) {
+void sum_f32(const float* x, int64_t n, double* out, bool add, Stream s, double divisor) {
   k_sum_pass1<SumKind::kPlain><<<kReduceBlocks, kThreads, 0, st(s)>>>(x, n, partials());
-  k_sum_pass2<<<1, kThreads, 0, st(s)>>>(partials(), kReduceBlocks, out, add);
+  k_sum_pass2<<<1, kThreads, 0, st(s)>>>(partials(), kReduceBlocks, out, add, divisor);
   check_launch("sum");
 }
 
@@ -417,6 +423,13 @@ void check_nonfinite(const float* x, int64_t n, float* bad, Stream s) {
   if (n == 0) return;
   k_check_nonfinite<<<blocks_for(n), kThreads, 0, st(s)>>>(x, n, bad);
   check_launch("check_nonfinite");
+}
+
+void copy_unless(void* dst, const void* src, int64_t bytes, const int32_t* flag, Stream s) {
+  if (bytes == 0) return;
+  k_copy_unless<<<blocks_for(bytes), kThreads, 0, st(s)>>>(static_cast<unsigned char*>(dst),
+                                                           static_cast<const unsigned char*>(src), bytes, flag);
+  check_launch("copy_unless");
 }
 
 void zero_if(float* x, int64_t n, const float* flag, Stream s) {

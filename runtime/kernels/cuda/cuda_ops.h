@@ -47,17 +47,18 @@ void gelu_backward(const void* x, const void* dy, void* dx, int dtype, int64_t n
 // (left untouched when all are valid; the caller initialises it to -1; may be null when the caller checked them).
 void softmax_xent_forward(const void* logits, int dtype, const int32_t* targets, int64_t rows, int64_t classes,
                           float* lse, float* row_loss, int32_t* bad_row, Stream s);
-// dlogits = grad_scale * (softmax - onehot), rounded once to dlogits_dtype. With scale_dev non-null, grad_scale is
-// float(*scale_dev / divisor) read on the device (the device-resident loss scale over the step's samples).
+// dlogits = g * (softmax - onehot), rounded once to dlogits_dtype, with g = grad_scale / row_divisor; with scale_dev
+// non-null, grad_scale is float(*scale_dev / divisor) read on the device (the device-resident loss scale over the
+// step's samples). row_divisor: a criterion's own division (the GPT's sequence length; 1: none, exact).
 void softmax_xent_backward(const void* logits, int dtype, const int32_t* targets, const float* lse, int64_t rows,
-                           int64_t classes, float grad_scale, const float* scale_dev, double divisor, void* dlogits,
-                           int dlogits_dtype, Stream s);
+                           int64_t classes, float grad_scale, const float* scale_dev, double divisor,
+                           float row_divisor, void* dlogits, int dlogits_dtype, Stream s);
 // row_hit[row] = 1 when argmax(row) == target (first maximum, as the CPU backend), else 0.
 void argmax_hits(const void* logits, int dtype, const int32_t* targets, int64_t rows, int64_t classes,
                  float* row_hit, Stream s);
 
-// *out (+)= sum_i x[i] (add: accumulate into *out) in double, deterministic order.
-void sum_f32(const float* x, int64_t n, double* out, bool add, Stream s);
+// *out (+)= (sum_i x[i]) / divisor (add: accumulate into *out) in double, deterministic order (divisor 1: exact).
+void sum_f32(const float* x, int64_t n, double* out, bool add, Stream s, double divisor = 1.0);
 // *out = sum_i x[i]^2 in double, deterministic order.
 void sum_squares(const float* x, int64_t n, double* out, Stream s);
 
@@ -70,6 +71,8 @@ void unscale_and_check(float* g, int64_t n, float inv_scale, const float* inv_sc
 void check_nonfinite(const float* x, int64_t n, float* bad, Stream s);
 // x[i] = 0 for all i when *flag > 0.
 void zero_if(float* x, int64_t n, const float* flag, Stream s);
+// dst = src (bytes) unless *flag != 0 (device int32).
+void copy_unless(void* dst, const void* src, int64_t bytes, const int32_t* flag, Stream s);
 // out[0] (as float bits) = max |x| over finite elements, out[1] = 1 when any is inf/NaN, out[2..3] (a uint64) = count
 // of 0 < |x| <= threshold; out must hold 4 zeroed words. Deterministic (maxima and counts).
 void abs_stats(const void* x, int dtype, int64_t n, float threshold, unsigned int* out, Stream s);

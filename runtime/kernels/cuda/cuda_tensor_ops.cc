@@ -237,9 +237,8 @@ double softmax_cross_entropy_forward(const Tensor& logits, std::span<const int32
   Tensor row_loss = scratch(2, {logits.dim(0)}, DType::kFloat32);
   Tensor sum = scratch(3, {2}, DType::kFloat32);  // one double
   device::memset_zero(sum.data(), sizeof(double));
-  // Targets were checked on the host: no device-side check needed.
-  gpu::softmax_cross_entropy_forward(logits, upload_targets(targets), lse, row_loss, static_cast<double*>(sum.data()),
-                                        nullptr);
+  gpu::softmax_cross_entropy_forward(logits, targets, scratch(1, {logits.dim(0)}, DType::kFloat32), lse, row_loss,
+                                     static_cast<double*>(sum.data()), 1.0);
   return read_double(static_cast<const double*>(sum.data()));
 }
 
@@ -247,7 +246,7 @@ void softmax_cross_entropy_backward(const Tensor& logits, std::span<const int32_
                                     float grad_scale, Tensor& dlogits) {
   check_ce("softmax_cross_entropy_backward", logits, static_cast<int64_t>(targets.size()));
   check_host_targets("softmax_cross_entropy_backward", logits.dim(1), targets);
-  gpu::softmax_cross_entropy_backward(logits, upload_targets(targets), lse, grad_scale, dlogits);
+  gpu::softmax_cross_entropy_backward(logits, upload_targets(targets), lse, grad_scale, nullptr, 1.0, 1.0f, dlogits);
 }
 
 int64_t count_correct(const Tensor& logits, std::span<const int32_t> targets) {
@@ -297,6 +296,14 @@ void check_nonfinite(const Tensor& x, float* bad) {
   require_cuda("check_nonfinite", x);
   require_f32("check_nonfinite", x);
   launch([&] { ampdist::cuda::check_nonfinite(static_cast<const float*>(x.data()), x.numel(), bad, stream()); });
+}
+
+void copy_unless(Tensor& dst, const Tensor& src, const int32_t* flag) {
+  require_cuda("copy_unless", dst);
+  require_cuda("copy_unless", src);
+  require_numel("copy_unless", dst, src);
+  if (dst.dtype() != src.dtype()) throw Error("copy_unless: dtypes differ");
+  launch([&] { ampdist::cuda::copy_unless(dst.data(), src.data(), dst.nbytes(), flag, stream()); });
 }
 
 void zero_if(Tensor& x, const float* flag) {
@@ -390,23 +397,27 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
 
 namespace gpu {
 
-void softmax_cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& lse, Tensor& row_loss,
-                                   double* loss_sum, int32_t* bad_row) {
-  check_ce("softmax_cross_entropy", logits, targets.numel());
-  require_cuda("softmax_cross_entropy", targets);
+void softmax_cross_entropy_forward(const Tensor& logits, std::span<const int32_t> targets, Tensor& targets_dev,
+                                   Tensor& lse, Tensor& row_loss, double* loss_sum, double divisor) {
+  check_ce("softmax_cross_entropy", logits, static_cast<int64_t>(targets.size()));
+  check_host_targets("softmax_cross_entropy", logits.dim(1), targets);
   const int64_t rows = logits.dim(0);
+  targets_dev.ensure({rows}, DType::kFloat32, Device::kCUDA);  // int32 payload, 4 bytes each
+  device::copy(targets_dev.data(), Device::kCUDA, targets.data(), Device::kCPU, targets.size() * sizeof(int32_t));
   lse.ensure({rows}, DType::kFloat32, Device::kCUDA);
   row_loss.ensure({rows}, DType::kFloat32, Device::kCUDA);
   launch([&] {
-    ampdist::cuda::softmax_xent_forward(logits.data(), code(logits.dtype()), static_cast<const int32_t*>(targets.data()),
-                                        rows, logits.dim(1), static_cast<float*>(lse.data()),
-                                        static_cast<float*>(row_loss.data()), bad_row, stream());
-    ampdist::cuda::sum_f32(static_cast<const float*>(row_loss.data()), rows, loss_sum, true, stream());
+    // The targets were checked on the host: no device-side check (bad_row) needed.
+    ampdist::cuda::softmax_xent_forward(logits.data(), code(logits.dtype()),
+                                        static_cast<const int32_t*>(targets_dev.data()), rows, logits.dim(1),
+                                        static_cast<float*>(lse.data()), static_cast<float*>(row_loss.data()), nullptr,
+                                        stream());
+    ampdist::cuda::sum_f32(static_cast<const float*>(row_loss.data()), rows, loss_sum, true, stream(), divisor);
   });
 }
 
 void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
-                                    Tensor& dlogits, const float* scale_dev, double divisor) {
+                                    const float* scale_dev, double divisor, float row_divisor, Tensor& dlogits) {
   check_ce("softmax_cross_entropy_backward", logits, targets.numel());
   require_cuda("softmax_cross_entropy_backward", dlogits);
   require_numel("softmax_cross_entropy_backward", logits, dlogits);
@@ -414,8 +425,8 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
     ampdist::cuda::softmax_xent_backward(logits.data(), code(logits.dtype()),
                                          static_cast<const int32_t*>(targets.data()),
                                          static_cast<const float*>(lse.data()), logits.dim(0), logits.dim(1),
-                                         grad_scale, scale_dev, divisor, dlogits.data(), code(dlogits.dtype()),
-                                         stream());
+                                         grad_scale, scale_dev, divisor, row_divisor, dlogits.data(),
+                                         code(dlogits.dtype()), stream());
   });
 }
 
@@ -449,6 +460,7 @@ UnscaleResult unscale_and_check(Tensor&, float) { no_cuda("unscale_and_check"); 
 void unscale_and_check(Tensor&, const float*, float*, double*) { no_cuda("unscale_and_check"); }
 void check_nonfinite(const Tensor&, float*) { no_cuda("check_nonfinite"); }
 void zero_if(Tensor&, const float*) { no_cuda("zero_if"); }
+void copy_unless(Tensor&, const Tensor&, const int32_t*) { no_cuda("copy_unless"); }
 AbsStats abs_stats(const Tensor&, float) { no_cuda("abs_stats"); }
 double sum_squares(const Tensor&) { no_cuda("sum_squares"); }
 void sum_squares(const Tensor&, double*) { no_cuda("sum_squares"); }
@@ -460,10 +472,11 @@ void adamw_step(Tensor&, const Tensor&, Tensor&, Tensor&, const AdamWParams&, co
 }  // namespace cuda
 
 namespace gpu {
-void softmax_cross_entropy_forward(const Tensor&, const Tensor&, Tensor&, Tensor&, double*, int32_t*) {
+void softmax_cross_entropy_forward(const Tensor&, std::span<const int32_t>, Tensor&, Tensor&, Tensor&, double*, double) {
   no_cuda("softmax_cross_entropy");
 }
-void softmax_cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, const float*, double) {
+void softmax_cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, float, const float*, double, float,
+                                    Tensor&) {
   no_cuda("softmax_cross_entropy_backward");
 }
 void set_allow_tf32(bool) {}
