@@ -12,8 +12,8 @@
 #     system's C library (ldd with the bundle's environment);
 #   - launch/check_isa.sh on every ELF file, when that script exists: no instruction beyond the x86-64 + AVX2
 #     baseline outside run-time dispatched code (the bundle's MANIFEST says when it was not run).
-# The target host needs the same x86-64 glibc line (Debian 12's glibc 2.36 or newer) and a driver of the R580
-# branch or newer (CUDA 13).
+# The target host needs the same x86-64 glibc line (Debian 12's glibc 2.36 or newer) and a driver that runs the CUDA
+# runtime the build used: the MANIFEST's driver_min (R580 for CUDA 13, R525 for CUDA 12), which gpu_check.sh reads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 archive=1
@@ -54,6 +54,26 @@ if [[ -e $out/lib/libcudnn.so.9 ]]; then
     copy_deps "$out/lib/libcudnn_$lib.so.9"
   done
 fi
+
+# The toolkit the build compiled with (CMake's CUDA compiler), its version, and the oldest driver branch that runs
+# its runtime with the bundle's cubins (CUDA's minor version compatibility, per major: R525 for 12.x, R580 for 13.x;
+# the toolkits' release notes).
+nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null)
+[[ -x $nvcc ]] || nvcc=/usr/local/cuda/bin/nvcc
+cuda_version=$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+case ${cuda_version%%.*} in
+  12) driver_min=525 ;;
+  13) driver_min=580 ;;
+  *) say "$nvcc: CUDA ${cuda_version:-of unknown version}: no known driver minimum (12.x and 13.x are)" >&2; exit 1 ;;
+esac
+# NVRTC, which cuDNN's runtime-compiled engines open at run time (dlopen: ldd does not list it), and the builtins
+# library that NVRTC itself opens, from the toolkit's library directory.
+cuda_libdir=$(readlink -f "$(dirname "$nvcc")/../lib64")
+for f in "$cuda_libdir/libnvrtc.so.${cuda_version%%.*}" "$cuda_libdir/libnvrtc-builtins.so.$cuda_version"; do
+  [[ -e $f ]] || { say "NVRTC's $f is missing (cuDNN's runtime-compiled engines need it)" >&2; exit 1; }
+  cp -L "$f" "$out/lib/"
+  copy_deps "$out/lib/$(basename "$f")"
+done
 
 # OpenMPI's run-time tree under the same relative paths as Debian's prefix (/usr), so that OPAL_PREFIX=$out finds
 # its plugins and help texts, and its launcher for the multi-GPU runs (one node: mpirun starts the ranks itself).
@@ -146,10 +166,10 @@ if [[ -z $cuda_archs ]]; then
   echo "gpu_bundle: $build: no CUDA device code found in CMakeFiles/ampdist_*.dir/flags.make (not a CUDA build?)" >&2
   exit 1
 fi
-cuda_version=$(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
 {
   echo "ampdist GPU bundle, made $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  echo "cuda_runtime: ${cuda_version:-unknown} (linked statically; needs a driver of the R580 branch or newer)"
+  echo "cuda_runtime: $cuda_version (linked statically)"
+  echo "driver_min: $driver_min (the R$driver_min branch or newer runs CUDA ${cuda_version%%.*}.x with these cubins)"
   # The device code the CUDA objects were compiled to: cubins (sm_XY) and PTX (compute_XY, JIT-compiled for newer).
   echo "cuda_architectures: $cuda_archs"
   echo "isa_check: $isa"
