@@ -42,17 +42,18 @@ show() { sed -e 's/^/    | /' "$1" | head -30; }
 # The 16 hex digits of the "master weights hash: ..." summary line in FILE.
 hash_of() { sed -n 's/^master weights hash: \([0-9a-f]\{16\}\)$/\1/p' "$1"; }
 
-# fashion_mnist_slice DIR: the first 512 training and 256 test images of Debian's Fashion-MNIST written to DIR as an
-# IDX directory (the reader's layout), so that a conv net or an MLP trains in seconds. Returns non-zero on failure.
+# fashion_mnist_slice DIR [TRAIN TEST]: the first TRAIN (512) training and TEST (256) test images of Debian's
+# Fashion-MNIST written to DIR as an IDX directory (the reader's layout), so that a conv net or an MLP trains in
+# seconds. Returns non-zero on failure.
 fashion_mnist_slice() {
-  python3 - /usr/share/datasets/fashion-mnist "$1" <<'PY'
+  python3 - /usr/share/datasets/fashion-mnist "$1" "${2:-512}" "${3:-256}" <<'PY'
 import gzip, os, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
+src, dst, n_train, n_test = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 os.makedirs(dst)
 def read(name):
     p = os.path.join(src, name)
     return (gzip.open(p + ".gz") if os.path.exists(p + ".gz") else open(p, "rb")).read()
-for split, n in (("train", 512), ("t10k", 256)):
+for split, n in (("train", n_train), ("t10k", n_test)):
     img, lab = read(split + "-images-idx3-ubyte"), read(split + "-labels-idx1-ubyte")
     _, _, rows, cols = struct.unpack(">IIII", img[:16])
     open(os.path.join(dst, split + "-images-idx3-ubyte"), "wb").write(
