@@ -177,9 +177,9 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
                              describe_launcher(), where, dtype_name(trainer->working_dtype()),
                              trainer->scaler().describe());
     std::cout << fmt::format(
-        "model: {} parameters, {} gradient buckets | global batch {} = {} ranks x {} micro-batches x {} | {} steps "
-        "({} per epoch) | run dir {}\n",
-        params, trainer->reducer().buckets().size(), cfg.data().global_batch_size(), comm.world_size(),
+        "model: {} parameters, {} gradient buckets, ZeRO stage {} | global batch {} = {} ranks x {} micro-batches x {} "
+        "| {} steps ({} per epoch) | run dir {}\n",
+        params, trainer->reducer().buckets().size(), zero_stage(cfg), cfg.data().global_batch_size(), comm.world_size(),
         cfg.optimizer().accumulation_steps(), trainer->micro_batch_size(), trainer->total_steps(),
         trainer->steps_per_epoch(), run_dir);
     const std::string mismatch = launcher_mismatch(comm.world_size());

@@ -56,7 +56,7 @@ class LossScaler {
   // skipped steps in a row reach the max_consecutive_skips limit; the message says which and what to try.
   void update(bool found_inf);
 
-  // The rule and state as the plain structs of kernels/step_math.h (the same update runs on the device).
+  // The rule and state as the plain structs of amp/scaler_rule.h (the same update runs on the device).
   ScalerRule rule() const;
   ScalerScalars scalars() const;
   void set_scalars(const ScalerScalars& s);

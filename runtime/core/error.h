@@ -1,8 +1,12 @@
-// ampdist::Error: the one exception type of the library.
+// ampdist::Error: the exception type of the library's interface.
 //
 // Every throw carries context: which file, which config field, which rank, which collective. The `ampdist` program
 // catches it in main, prints one line and exits with `exit_code()`: 2 for bad input (a config, a dataset, a
-// command line), 1 for a failure at run time. Library code never calls exit().
+// command line), 1 for a failure at run time. Two kinds of code are the exceptions: CUDA launchers (*.cu) throw
+// std::runtime_error (the kernels' Tensor-level wrappers turn it into Error; the step-state and consensus launchers
+// let it reach the program, which prints it as one line with exit code 1); and the communication watchdogs
+// (comm/watchdog.cc, the NCCL monitor) end a rank with std::_Exit(1) after one line when a collective hangs past its
+// deadline or NCCL fails asynchronously, since no thread of the rank can return from that state.
 #pragma once
 
 #include <stdexcept>

@@ -239,6 +239,11 @@ void check_strings(const pb::Message& m, const std::string& prefix, const std::s
 
 }  // namespace
 
+int zero_stage(const RunConfig& cfg) {
+  if (cfg.optimizer().has_zero_stage()) return cfg.optimizer().zero_stage();
+  return cfg.comm().mode() == REDUCE_SCATTER ? 1 : 0;
+}
+
 void validate_for_device(const RunConfig& cfg, Device device, const std::string& source) {
   if (device == Device::kCUDA && (cfg.model().has_cnn() || cfg.model().has_resnet()) && !kernels::gpu_convolutions())
     throw BadInput(source, std::string("model.") + (cfg.model().has_cnn() ? "cnn" : "resnet") +
@@ -398,6 +403,9 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   if (c.reduce_dtype() != FP32 && c.reduce_dtype() != FP16 && c.reduce_dtype() != BF16)
     fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(c.reduce_dtype()));
   if (c.mode() == REDUCE_MODE_UNSPECIFIED) fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
+  if (c.mode() == REDUCE_SCATTER && cfg.optimizer().has_zero_stage() && cfg.optimizer().zero_stage() == 0)
+    fail("comm.mode", "REDUCE_SCATTER (the deprecated alias of optimizer.zero_stage: 1) contradicts "
+         "optimizer.zero_stage: 0; set optimizer.zero_stage alone", "REDUCE_SCATTER");
   if (!(c.timeout_s() >= 1.0) || !std::isfinite(c.timeout_s()))
     fail("comm.timeout_s", "must be >= 1 (seconds)", str(c.timeout_s()));
 

@@ -25,8 +25,11 @@ void apply_override(RunConfig& cfg, const std::string& assignment);
 // Checks every value; `source` names the config in errors. Every string field, at any depth, must be valid UTF-8
 // without NUL bytes: strings reach metrics.jsonl, TensorBoard's event file and paths.
 void validate_config(const RunConfig& cfg, const std::string& source);
-// What the device a run resolved to cannot run: on the GPU backend, conv models (model.cnn, model.resnet), which
-// have CPU kernels only. Throws Error (bad input) with one line naming the field.
+// The run's ZeRO stage, decided here once: optimizer.zero_stage, or 1 when only the deprecated alias
+// comm.mode: REDUCE_SCATTER asks for it (validate_config refuses the two set against each other).
+int zero_stage(const RunConfig& cfg);
+// What the device a run resolved to cannot run: on the GPU backend, conv models (model.cnn, model.resnet) in a build
+// without GPU convolutions (no cuDNN). Throws Error (bad input) with one line naming the field.
 void validate_for_device(const RunConfig& cfg, Device device, const std::string& source);
 
 // Throws Error (bad input) "<where>: not valid UTF-8 (byte 0xe8 at offset 3 of "mod?le")" when `value` is not valid

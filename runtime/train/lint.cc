@@ -7,6 +7,9 @@ namespace ampdist {
 std::vector<std::string> lint_config(const RunConfig& cfg, DType working, int64_t in_features, int64_t classes,
                                      int64_t micro_batch) {
   std::vector<std::string> out;
+  if (cfg.comm().mode() == REDUCE_SCATTER && !cfg.optimizer().has_zero_stage())
+    out.push_back("comm.mode: REDUCE_SCATTER is deprecated: it means optimizer.zero_stage: 1, which this run uses; "
+                  "set optimizer.zero_stage instead");
   const PrecisionConfig& p = cfg.precision();
   if (working == DType::kFloat16) {
     const auto& forced = p.fp32_layers();

@@ -39,8 +39,8 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   model_->collect_parameters(params_);
   model_->collect_buffers(buffer_list_);
   if (!buffer_list_.empty()) buffers_ = std::make_unique<ModelBuffers>(buffer_list_, device_);  // on the step's device
-  // ZeRO stage 1: this rank's slice of the master weights and optimizer state (comm.mode REDUCE_SCATTER is stage 1).
-  const bool sharded = cfg_.optimizer().zero_stage() == 1 || cfg_.comm().mode() == REDUCE_SCATTER;
+  // ZeRO stage 1: this rank's slice of the master weights and optimizer state (the stage decided once: zero_stage).
+  const bool sharded = zero_stage(cfg_) == 1;
   masters_ = bind_parameters(params_, working, device_, cfg_.train().seed(),
                              sharded ? MasterSlice{comm_.rank(), comm_.world_size()} : MasterSlice{});
   if (!cfg_.model().init_from().empty()) {
@@ -79,7 +79,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   }
   due_ = std::make_unique<DueSteps>(cfg_, total_steps_, steps_per_epoch());
 
-  step_cfg_ = make_step_config();
+  step_cfg_ = make_step_config(cfg_, total_steps_, scaler_.rule());
   state_ = std::make_unique<StepStateBuffer>(device_);
   write_state();
   setup_observers();
@@ -116,20 +116,20 @@ int64_t Trainer::epoch_of(int64_t iteration) const {
   return spe > 0 ? (iteration - 1) / spe : 0;
 }
 
-StepConfig Trainer::make_step_config() const {
+StepConfig make_step_config(const RunConfig& cfg, int64_t total_steps, const ScalerRule& scaler) {
   StepConfig c;
-  const OptimizerConfig& o = cfg_.optimizer();
+  const OptimizerConfig& o = cfg.optimizer();
   const ScheduleConfig& sc = o.schedule();
   c.base_lr = o.lr();
   c.warmup = sc.warmup_steps();
   c.cosine = sc.kind() == COSINE;
-  c.total_steps = sc.total_steps() > 0 ? sc.total_steps() : total_steps_;  // as LrSchedule
+  c.total_steps = sc.total_steps() > 0 ? sc.total_steps() : total_steps;  // as LrSchedule
   c.min_lr = sc.min_lr();
   c.clip_max_norm = o.clip_grad_norm();
   c.adamw = o.has_adamw();
   c.beta1 = o.adamw().beta1();
   c.beta2 = o.adamw().beta2();
-  c.scaler = scaler_.rule();
+  c.scaler = scaler;
   return c;
 }
 

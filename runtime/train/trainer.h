@@ -174,7 +174,6 @@ class Trainer {
   // ---- train_state.cc
   void read_state(StepResult& r);  // the step state -> host: scaler, step count, result fields; throws on a status
   void write_state();              // host scaler and step count -> the step state
-  StepConfig make_step_config() const;
   // ---- observers.cc
   void setup_observers();
   void on_layer_output(size_t index, Module& layer, Tensor& y);
@@ -226,6 +225,10 @@ class Trainer {
 // The trainer of a config: its datasets (data {...}) and its model (model {...}) with its loss
 // (train/model_factory.cc).
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm);
+
+// The step's constants from the config (optimizer, schedule, clipping) and the loss scaler's rule: what finish_step
+// reads every step. total_steps: the run's length, the cosine schedule's end unless schedule.total_steps sets it.
+StepConfig make_step_config(const RunConfig& cfg, int64_t total_steps, const ScalerRule& scaler);
 
 // optimizer.no_decay as element ranges of this rank's master slice (the whole flat space unsharded): the tensors
 // whose name matches a pattern (fnmatch(3)), intersected with the slice, adjacent ones merged. Throws ConfigInput

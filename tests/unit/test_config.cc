@@ -12,6 +12,7 @@
 #include "runtime/core/error.h"
 #include "runtime/kernels/cnn.h"
 #include "runtime/train/config.h"
+#include "runtime/train/lint.h"
 
 namespace ampdist {
 namespace {
@@ -211,13 +212,51 @@ TEST(Config, ResolveDtype) {
 namespace ampdist {
 namespace {
 
+// The ZeRO stage has one knob, optimizer.zero_stage; comm.mode: REDUCE_SCATTER is its deprecated alias for stage 1:
+// alone it selects stage 1 with a warning, against an explicit zero_stage: 0 it is refused naming comm.mode.
+TEST(Config, ZeroStageIsDecidedOnceAndTheDeprecatedAliasWarnsOrIsRefused) {
+  const auto with = [](std::initializer_list<const char*> sets) {
+    RunConfig c = parse_config_text(kValid, "z.pbtxt");
+    for (const char* s : sets) apply_override(c, s);
+    return c;
+  };
+  EXPECT_EQ(zero_stage(with({})), 0);
+  EXPECT_EQ(zero_stage(with({"optimizer.zero_stage=1"})), 1);
+  const RunConfig alias = with({"comm.mode=REDUCE_SCATTER"});
+  EXPECT_NO_THROW(validate_config(alias, "z.pbtxt"));
+  EXPECT_EQ(zero_stage(alias), 1);
+  const std::vector<std::string> w = lint_config(alias, DType::kFloat32, 4, 3, 16);
+  ASSERT_FALSE(w.empty());
+  EXPECT_NE(w[0].find("comm.mode: REDUCE_SCATTER is deprecated"), std::string::npos) << w[0];
+  EXPECT_TRUE(lint_config(with({"optimizer.zero_stage=1", "comm.mode=REDUCE_SCATTER"}), DType::kFloat32, 4, 3, 16)
+                  .empty());
+  const RunConfig both = with({"optimizer.zero_stage=0", "comm.mode=REDUCE_SCATTER"});
+  const std::string msg = bad_input_message([&] { validate_config(both, "z.pbtxt"); });
+  EXPECT_NE(msg.find("z.pbtxt: comm.mode REDUCE_SCATTER"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("contradicts optimizer.zero_stage: 0"), std::string::npos) << msg;
+}
+
 TEST(Config, ShippedConvConfigsParseAndValidate) {
   const auto dir = std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "configs";
   for (const char* name : {"fashion_mnist_cnn.pbtxt", "resnet18.pbtxt"}) {
     const RunConfig cfg = parse_config_file((dir / name).string());
     EXPECT_NO_THROW(validate_config(cfg, name)) << name;
-    EXPECT_NO_THROW(validate_for_device(cfg, Device::kCPU, name)) << name;
     EXPECT_TRUE(cfg.model().has_cnn() || cfg.model().has_resnet()) << name;
+    // On the GPU a conv config is accepted exactly when this build has GPU convolutions (cuDNN), and refused
+    // naming the model field otherwise (the CPU check has no device condition to test).
+    if (kernels::gpu_convolutions()) {
+      EXPECT_NO_THROW(validate_for_device(cfg, Device::kCUDA, name)) << name;
+    } else {
+      try {
+        validate_for_device(cfg, Device::kCUDA, name);
+        ADD_FAILURE() << name << ": accepted on the GPU by a build without GPU convolutions";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.exit_code(), 2) << name;
+        EXPECT_NE(std::string(e.what()).find(cfg.model().has_cnn() ? "model.cnn" : "model.resnet"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
   }
   const RunConfig r = parse_config_file((dir / "resnet18.pbtxt").string());
   EXPECT_EQ(r.model().resnet().depth(), 18);

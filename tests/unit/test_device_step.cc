@@ -4,6 +4,7 @@
 // bias corrections), bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -32,18 +33,16 @@ StepSetup make_setup() {
       precision { dtype: FP16 dynamic { growth_interval: 3 hysteresis: 2 } max_consecutive_skips: 0 })");
   StepSetup s{cfg, LossScaler::from_config(cfg.precision(), FP16),
           LrSchedule(cfg.optimizer().lr(), cfg.optimizer().schedule(), 12), {}};
-  const ScheduleConfig& sc = cfg.optimizer().schedule();
-  s.step.base_lr = cfg.optimizer().lr();
-  s.step.warmup = sc.warmup_steps();
-  s.step.cosine = true;
-  s.step.total_steps = sc.total_steps();
-  s.step.min_lr = sc.min_lr();
-  s.step.clip_max_norm = cfg.optimizer().clip_grad_norm();
-  s.step.adamw = true;
-  s.step.beta1 = cfg.optimizer().adamw().beta1();
-  s.step.beta2 = cfg.optimizer().adamw().beta2();
-  s.step.scaler = s.scaler.rule();
+  s.step = make_step_config(cfg, 12, s.scaler.rule());  // as the Trainer makes it
   return s;
+}
+
+// The schedule of make_setup written out from its definition (linear warmup over 2 steps to 0.003, then cosine to
+// 0.0003 at step 12), in double: an independent oracle, not the function finish_step calls.
+double expected_lr(int64_t n) {
+  if (n < 2) return 0.003 * static_cast<double>(n + 1) / 2.0;
+  const double progress = std::min(1.0, static_cast<double>(n - 2) / 10.0);
+  return 0.0003 + 0.5 * (1.0 + std::cos(M_PI * progress)) * (0.003 - 0.0003);
 }
 
 ConsensusFields fields_of(StepState& st) {
@@ -85,7 +84,9 @@ TEST(DeviceStep, FinishStepEqualsTheCpuClassesOverSkipsGrowthAndSchedule) {
     EXPECT_EQ(st.last_skipped, flags[it] ? 1 : 0);
     if (!flags[it]) {
       EXPECT_EQ(st.gate.apply, 1);
-      EXPECT_EQ(st.gate.lr, s.schedule.lr(applied));  // bitwise: the same function on the same inputs
+      EXPECT_EQ(st.gate.lr, s.schedule.lr(applied));  // the host's LrSchedule and the step agree bit for bit
+      // and both are the schedule as defined: within 2 roundings to FP32 of the double oracle.
+      EXPECT_NEAR(st.gate.lr, expected_lr(applied), 2 * 0.003 * 0x1p-24);
       EXPECT_EQ(st.grad_norm, std::sqrt(sum_sq));
       // clip_grad_norm's factor on the CPU: max_norm / (norm + 1e-6) when below 1.
       Tensor g = Tensor::zeros({1}, DType::kFloat32);

@@ -151,9 +151,26 @@ TEST(PhaseTimer, AccumulatesAndResets) {
   EXPECT_EQ(phase_name(Phase::kCommWait), "comm_wait");
 }
 
-TEST(PhaseTimer, NullScopeDoesNothing) {
-  PhaseScope s(nullptr, Phase::kForward);  // timing off: no timer, no effect, no crash
-  SUCCEED();
+// A scope begins its phase when made and ends it when it goes, on the timer it was given; with no timer (timing
+// off) it touches nothing.
+class RecordingTimer final : public PhaseTimer {
+ public:
+  void begin(Phase p) override { calls.push_back("begin " + std::to_string(static_cast<int>(p))); }
+  void end(Phase p) override { calls.push_back("end " + std::to_string(static_cast<int>(p))); }
+  void end_step() override { calls.push_back("end_step"); }
+  PhaseTimes collect() override { return {}; }
+  std::vector<std::string> calls;
+};
+
+TEST(PhaseTimer, ScopeBeginsAndEndsItsPhaseAndANullScopeTouchesNothing) {
+  RecordingTimer t;
+  {
+    PhaseScope s(&t, Phase::kBackward);
+    EXPECT_EQ(t.calls, std::vector<std::string>{"begin " + std::to_string(static_cast<int>(Phase::kBackward))});
+    PhaseScope off(nullptr, Phase::kForward);  // timing off
+  }
+  const std::string b = std::to_string(static_cast<int>(Phase::kBackward));
+  EXPECT_EQ(t.calls, (std::vector<std::string>{"begin " + b, "end " + b}));
 }
 
 // ---- numerics monitor -------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 // Launchers of the CUDA backend's kernels, over raw device pointers (CUDA headers not needed to call them).
 //
-// kernels/dispatch.cc unpacks Tensors and calls these for device tensors; runtime/train/device_step.* calls the
-// step kernels. Every launcher queues work on `stream` (a cudaStream_t) and returns at once; launch errors throw
-// ampdist::Error naming the kernel. dtype codes are DType's values: 0 fp32, 1 fp16, 2 bf16. Per-element arithmetic
+// kernels/cuda/cuda_tensor_ops.cc unpacks Tensors and calls these for device tensors (kernels/dispatch.cc picks the
+// backend). Every launcher queues work on `stream` (a cudaStream_t) and returns at once; a launch error throws
+// std::runtime_error naming the kernel, which the Tensor level turns into ampdist::Error. dtype codes are DType's values: 0 fp32, 1 fp16, 2 bf16. Per-element arithmetic
 // is kernels/math.h's (compiled with --fmad=false, so element-wise results equal the CPU backend's bit for bit).
 // Reductions (sum_rows, sum of squares, loss sums) use a fixed grid and a fixed tree order: the same inputs give the
 // same bits on every run and every rank, which the consensus and the clip factor rely on.
