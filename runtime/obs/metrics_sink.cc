@@ -95,13 +95,14 @@ void JsonlSink::train(const TrainRecord& r) {
 }
 
 void JsonlSink::eval(const EvalRecord& r) {
-  AMPDIST_WRITE(nlohmann::json({{"type", "eval"},
-                                {"step", r.step},
-                                {"epoch", r.epoch},
-                                {"test_accuracy", r.accuracy},
-                                {"test_loss", num(r.loss)},
-                                {"test_correct", r.correct},
-                                {"test_samples", r.samples}}));
+  nlohmann::json j = {{"type", "eval"}, {"step", r.step}, {"epoch", r.epoch}};
+  if (!r.language_model) {  // a language model has no accuracy: its loss per token is the measure
+    j["test_accuracy"] = r.accuracy;
+    j["test_correct"] = r.correct;
+  }
+  j["test_loss"] = num(r.loss);
+  j["test_samples"] = r.samples;
+  AMPDIST_WRITE(j);
 }
 
 void JsonlSink::checkpoint(const CheckpointRecord& r) {
@@ -136,13 +137,15 @@ void JsonlSink::summary(const RunSummary& r) {
                       {"skipped_steps", r.skipped_steps},
                       {"dropped_rank_steps", r.dropped_contributions},
                       {"failed_saves", r.failed_saves},
-                      {"test_accuracy", r.test_accuracy},
-                      {"test_loss", num(r.test_loss)},
+                      {"test_loss", r.test_samples > 0 ? num(r.test_loss) : nlohmann::json(nullptr)},
+                      {"test_samples", r.test_samples},
                       {"samples_per_s", r.samples_per_s},
                       {"final_scale", r.final_scale},
                       {"master_weights_hash", fmt::format("{:016x}", r.master_hash)},
                       {"train_seconds", r.train_seconds},
                       {"peak_rss_mb", r.peak_rss_mb}};
+  // No accuracy where none was measured: a language model's, or a run that stopped before its evaluation.
+  if (!r.language_model && r.test_samples > 0) j["test_accuracy"] = r.test_accuracy;
   if (r.phase_timing) j["phase_ms"] = phase_json(r.phases);
   AMPDIST_WRITE(j);
 }
@@ -192,8 +195,11 @@ void ConsoleSink::print(const std::string& line, bool transient) {
 }
 
 void ConsoleSink::train(const TrainRecord& r) {
-  print(fmt::format("step {:>6}/{}  epoch {:>3}  loss {:.4f}  scale {:g}  skipped {}  lr {:.3g}  {:.0f} samples/s",
-                    r.step, r.total_steps, r.epoch, r.loss, r.scale, r.skipped_steps, r.lr, r.samples_per_s),
+  // Three significant digits below 100 samples/s: a GPT's windows per second are often below 1.
+  const std::string rate =
+      r.samples_per_s >= 100 ? fmt::format("{:.0f}", r.samples_per_s) : fmt::format("{:.3g}", r.samples_per_s);
+  print(fmt::format("step {:>6}/{}  epoch {:>3}  loss {:.4f}  scale {:g}  skipped {}  lr {:.3g}  {} samples/s", r.step,
+                    r.total_steps, r.epoch, r.loss, r.scale, r.skipped_steps, r.lr, rate),
         true);
   if (r.phases && !tty_) print("phases (ms/step): " + format_phase_ms(*r.phases), false);
 }
@@ -228,7 +234,9 @@ void ConsoleSink::numerics(const NumericsReport& n) {
 void ConsoleSink::message(const std::string& line) { print(line, false); }
 
 void ConsoleSink::summary(const RunSummary& s) {
-  if (s.language_model)
+  if (s.test_samples == 0)  // stopped (a signal, a fault) before its evaluation ran
+    out_ << (s.language_model ? "validation loss" : "test accuracy") << ": not evaluated\n";
+  else if (s.language_model)
     out_ << fmt::format("validation loss: {:.4f} nat/token ({} windows)\n", s.test_loss, s.test_samples);
   else
     out_ << fmt::format("test accuracy: {:.4f} ({}/{})\n", s.test_accuracy, s.test_correct, s.test_samples);

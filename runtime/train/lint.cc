@@ -14,9 +14,15 @@ std::vector<std::string> lint_config(const RunConfig& cfg, DType working, int64_
   if (working == DType::kFloat16) {
     const auto& forced = p.fp32_layers();
     const bool linear_fp32 = std::find(p.fp32_ops().begin(), p.fp32_ops().end(), "linear") != p.fp32_ops().end();
-    std::vector<int64_t> widths = {in_features};
-    for (int64_t h : cfg.model().mlp().hidden()) widths.push_back(h);
-    widths.push_back(classes);
+    // The MLP's layer widths (the other models' shapes are not the fc chain this names); the GEMMs' rows are the
+    // micro-batch, or for the GPT the micro-batch's tokens (micro-batch x seq_len).
+    std::vector<int64_t> widths;
+    if (cfg.model().has_mlp()) {
+      widths.push_back(in_features);
+      for (int64_t h : cfg.model().mlp().hidden()) widths.push_back(h);
+      widths.push_back(classes);
+    }
+    if (cfg.model().has_gpt()) micro_batch *= cfg.model().gpt().seq_len();
     std::vector<std::string> bad;
     for (size_t i = 0; i + 1 < widths.size(); ++i) {
       const std::string layer = "fc" + std::to_string(i + 1);
@@ -24,7 +30,8 @@ std::vector<std::string> lint_config(const RunConfig& cfg, DType working, int64_
       if (widths[i] % 8 != 0) bad.push_back(layer + " in_features " + std::to_string(widths[i]));
       if (widths[i + 1] % 8 != 0) bad.push_back(layer + " out_features " + std::to_string(widths[i + 1]));
     }
-    if (micro_batch > 0 && micro_batch % 8 != 0) bad.push_back("micro-batch " + std::to_string(micro_batch));
+    if (micro_batch > 0 && micro_batch % 8 != 0)
+      bad.push_back((cfg.model().has_gpt() ? "tokens per micro-batch " : "micro-batch ") + std::to_string(micro_batch));
     if (!bad.empty()) {
       std::string list;
       for (const std::string& b : bad) list += (list.empty() ? "" : ", ") + b;

@@ -101,7 +101,10 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
 
   int64_t saved_at = -1;
   const int64_t first = trainer.iteration() + 1;
-  if (first > total)
+  if (first > total && trainer.iteration() == 0)  // steps 0 and epochs 0, and no checkpoint ahead of that
+    sinks.message(std::string("train.steps and train.epochs are 0: nothing to train; evaluating the ") +
+                  (cfg.model().init_from().empty() ? "initial weights" : "weights of model.init_from"));
+  else if (first > total)
     sinks.message(fmt::format("warning: the checkpoint is at step {} and this run ends at step {} ({}): nothing to "
                               "train; evaluating the checkpoint's weights",
                               trainer.iteration(), total,

@@ -195,10 +195,16 @@ std::string Trainer::restore(const Manifest& m) {
   LossScaler saved = LossScaler::from_config(m.config().precision(), saved_dtype);
   saved.set_state(st);
   std::string note;
-  if (saved_dtype != dtype_to_name(working_dtype()) || saved.mode() != scaler_.mode()) {
+  if (saved_dtype != dtype_to_name(working_dtype())) {
     note = std::string("precision changed on resume: the checkpoint was trained in ") +
            dtype_name(resolve_dtype(saved_dtype, Device::kCPU)) + " with " + saved.describe() + ", this run is " +
            dtype_name(working_dtype()) + ": the loss scaler starts afresh with " + scaler_.describe();
+  } else if (saved.mode() != scaler_.mode()) {
+    note = std::string("loss scaling changed on resume: the checkpoint was trained (") +
+           dtype_name(working_dtype()) + ") with " + saved.describe() + ", this run uses " + scaler_.describe() +
+           ", which starts afresh";
+  }
+  if (!note.empty()) {
     const int64_t skipped = st.skipped_steps;
     st = scaler_.state();
     st.skipped_steps = skipped;

@@ -51,6 +51,10 @@ config b 1000 "padded_vocab_multiple: 64 tie_embeddings: false" "$TMP/B" b.bin >
 for m in a b; do
   M=$(echo "$m" | tr a-z A-Z)
   run 1 "$m.txt" --config "$m.pbtxt" --run-dir "r$m" || not_ok "$m: 0-step run from $M" "exit $?: $(tail -3 "$m.txt")"
+  # steps 0 and epochs 0 without a checkpoint: one true line, not a warning about a checkpoint at step 0.
+  grep -q '^train.steps and train.epochs are 0: nothing to train; evaluating the weights of model.init_from$' "$m.txt" &&
+    ! grep -q 'the checkpoint is at step' "$m.txt" && ok "$m: the 0-step run says it evaluates model.init_from's weights" ||
+    not_ok "$m: 0-step message" "$(grep -i 'nothing to train' "$m.txt")"
   ours=$(val_loss "r$m")
   theirs=$("$PY" "$HF" loss "$M" "$m.bin" --seq-len 32 2> "$m.py.txt" | cut -d' ' -f1)
   # Tolerance 1e-4 (the issue's): both sides are FP32 forwards of the same weights; they differ only in the order

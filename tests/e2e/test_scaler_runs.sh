@@ -97,6 +97,21 @@ else
   ok "2c same precision: the saved scaler state is kept, no note"
 fi
 
+# Same dtype, another loss-scale mode (fp16 dynamic -> fp16 static 1024): the scaler starts afresh, and the one line
+# says that the loss scaling changed, not the precision.
+dir="$TMP/prec_mode"
+timeout 120 "$AMPDIST" train --config "$CFG" --precision fp16 "${SMALL[@]}" --set train.steps=4 --run-dir "$dir" \
+  >/dev/null 2>&1
+timeout 120 "$AMPDIST" train --config "$CFG" --precision fp16 "${SMALL[@]}" --set train.steps=6 \
+  --set precision.static_scale.scale=1024 --run-dir "$dir" --resume auto >"$dir.out" 2>&1
+if [ "$?" -ne 0 ] || grep -q '^precision changed' "$dir.out" ||
+   [ "$(grep -c '^loss scaling changed on resume: the checkpoint was trained (fp16) with dynamic loss scale .*, this run uses static loss scale 1024, which starts afresh$' "$dir.out")" -ne 1 ]; then
+  not_ok "2d fp16 dynamic resumed as fp16 static" "expected one 'loss scaling changed on resume' line and no 'precision changed'"
+  show "$dir.out"
+else
+  ok "2d fp16 dynamic resumed as fp16 static: one line naming the loss scaling, not the precision"
+fi
+
 # ---- 3. a scaler-limit stop on 2 ranks: one line ---------------------------------------------------------------
 # check_stop NAME OUT RC NEEDLE: exit 1, exactly one error line (from rank 0, without a rank prefix), NEEDLE in it.
 check_stop() {

@@ -16,6 +16,7 @@
 #include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/obs/event_writer.h"
+#include "runtime/obs/metrics_sink.h"
 #include "runtime/obs/numerics.h"
 #include "runtime/obs/phase_timer.h"
 #include "runtime/obs/report.h"
@@ -259,6 +260,62 @@ TEST(Lint, Fp16GemmDimensions) {
   EXPECT_NE(lint_config(f, DType::kFloat16, 784, 10, 12)[0].find("micro-batch 12"), std::string::npos);
   // The same model in bf16 or fp32: no GEMM warning.
   EXPECT_TRUE(lint_config(c, DType::kBFloat16, 784, 10, 64).empty());
+}
+
+// What the sinks say of measures that were not taken: a run stopped before its evaluation has no test accuracy
+// (not "0.0000 (0/0)"), a language model never has one, and a GPT's fraction of a window per second is not "0".
+TEST(Sinks, NoAccuracyWhereNoneWasMeasured) {
+  std::ostringstream console;
+  ConsoleSink c(console, false);
+  RunSummary stopped;
+  stopped.test_samples = 0;
+  c.summary(stopped);
+  EXPECT_NE(console.str().find("test accuracy: not evaluated\n"), std::string::npos) << console.str();
+  EXPECT_EQ(console.str().find("0/0"), std::string::npos) << console.str();
+  TrainRecord t;
+  t.step = 1;
+  t.total_steps = 2;
+  t.samples_per_s = 0.25;
+  c.train(t);
+  EXPECT_NE(console.str().find(" 0.25 samples/s"), std::string::npos) << console.str();
+
+  const std::string path = ::testing::TempDir() + "/sinks_metrics.jsonl";
+  {
+    JsonlSink j(path);
+    EvalRecord e;
+    e.step = 3;
+    e.loss = 2.5;
+    e.samples = 16;
+    e.language_model = true;
+    j.eval(e);
+    RunSummary gpt;
+    gpt.language_model = true;
+    gpt.test_samples = 16;
+    gpt.test_loss = 2.5;
+    j.summary(gpt);
+    j.summary(stopped);
+  }
+  std::ifstream in(path);
+  std::string eval_line, gpt_line, stopped_line;
+  std::getline(in, eval_line);
+  std::getline(in, gpt_line);
+  std::getline(in, stopped_line);
+  EXPECT_EQ(eval_line.find("test_accuracy"), std::string::npos) << eval_line;
+  EXPECT_NE(eval_line.find("\"test_loss\":2.5"), std::string::npos) << eval_line;
+  EXPECT_EQ(gpt_line.find("test_accuracy"), std::string::npos) << gpt_line;
+  EXPECT_EQ(stopped_line.find("test_accuracy"), std::string::npos) << stopped_line;
+  EXPECT_NE(stopped_line.find("\"test_loss\":null"), std::string::npos) << stopped_line;
+}
+
+TEST(Lint, GptGemmRowsAreTheMicroBatchTokens) {
+  // A GPT's matrix products have micro-batch x seq_len rows and no fc chain: micro-batch 1 of 64 tokens is fine,
+  // 1 of 63 is named as tokens per micro-batch.
+  const RunConfig g = lint_cfg("model { gpt { seq_len: 64 } } precision { dtype: FP16 }");
+  EXPECT_TRUE(lint_config(g, DType::kFloat16, 64, 256, 1).empty());
+  const RunConfig odd = lint_cfg("model { gpt { seq_len: 63 } } precision { dtype: FP16 }");
+  const auto w = lint_config(odd, DType::kFloat16, 64, 256, 1);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("(tokens per micro-batch 63)"), std::string::npos) << w[0];
 }
 
 TEST(Lint, LossScaling) {
