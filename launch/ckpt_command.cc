@@ -338,11 +338,18 @@ int run_ckpt_export(const CkptArgs& args) {
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
     if (ec) throw BadInput(args.output, "cannot create " + tmp.string() + ": " + ec.message());
-    const int64_t bytes = write_safetensors((tmp / "model.safetensors").string(), out, meta);
-    write_text_file((tmp / "config.json").string(), hf_gpt2_config_json(g));
-    if (fs::exists(final_dir, ec)) fs::remove(final_dir, ec);  // an empty directory (checked above)
-    fs::rename(tmp, final_dir, ec);
-    if (ec) throw Error(args.output + ": cannot rename " + tmp.string() + " to it: " + ec.message());
+    int64_t bytes = 0;
+    try {  // whatever fails (a full disk, a rename), the half-written directory goes, as the single file's .tmp does
+      bytes = write_safetensors((tmp / "model.safetensors").string(), out, meta);
+      write_text_file((tmp / "config.json").string(), hf_gpt2_config_json(g));
+      if (fs::exists(final_dir, ec)) fs::remove(final_dir, ec);  // an empty directory (checked above)
+      fs::rename(tmp, final_dir, ec);
+      if (ec) throw Error(args.output + ": cannot rename " + tmp.string() + " to it: " + ec.message());
+    } catch (...) {
+      std::error_code ignored;
+      fs::remove_all(tmp, ignored);
+      throw;
+    }
     std::cout << fmt::format("exported {} tensors ({} parameters, step {}) from {} to {} as a Hugging Face GPT-2 "
                              "model (config.json, model.safetensors: {} bytes)\n",
                              out.size(), params, m.step(), path, args.output, bytes)

@@ -62,6 +62,17 @@ for m in a b; do
   close "$ours" "$theirs" 1e-4 && ok "$m: ampdist's validation loss from init_from $M equals transformers' ($ours vs $theirs)" ||
     not_ok "$m: loss from init_from" "ampdist '$ours', transformers '$theirs' $(tail -2 "$m.py.txt")"
   "$AMPDIST" ckpt export "r$m/checkpoints" --format hf -o "x$m" > "x$m.txt" 2>&1 || not_ok "$m: export --format hf" "$(cat "x$m.txt")"
+  # A disk that fills during the export (a 64 KiB file-size limit; SIGXFSZ ignored, so the write fails with EFBIG):
+  # one error line, non-zero, and neither the directory nor its .tmp is left behind.
+  (trap '' XFSZ; exec prlimit --fsize=65536 "$AMPDIST" ckpt export "r$m/checkpoints" --format hf -o "full$m") \
+    > "full$m.txt" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] && [ "$(grep -c '^ampdist: error: ' "full$m.txt")" -eq 1 ] && [ ! -e "full$m" ] &&
+     [ ! -e "full$m.tmp" ]; then
+    ok "$m: export --format hf to a full disk: exit $rc, one line, nothing left ($(cut -c1-90 "full$m.txt"))"
+  else
+    not_ok "$m: export to a full disk" "exit $rc, left: $(ls -d "full$m" "full$m.tmp" 2>/dev/null | tr '\n' ' ') $(head -3 "full$m.txt")"
+  fi
   diff=$("$PY" "$HF" compare "$M" "x$m" 2> "c$m.txt")
   # Tolerance 1e-5 (the issue's): the exported tensors are the same FP32 values, so the logits are bitwise equal.
   close "${diff%% *}" 0 1e-5 && ok "$m: transformers' logits of the export equal the original's (max diff ${diff})" ||
