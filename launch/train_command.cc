@@ -10,6 +10,7 @@
 #include <iostream>
 #include <optional>
 #include <random>
+#include <vector>
 
 #include "comm/device_binding.h"
 #include "comm/nccl_communicator.h"
@@ -49,6 +50,18 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   std::unique_ptr<Trainer> trainer;
   PhaseResult setup;
   std::string run_dir, checkpoint_dir, resumed_from, resume_note;
+  // The directories this run created (rank 0), deepest last: a refusal before training removes them again when
+  // nothing but this run's own rank progress files (.ranks/) is in them, so a refused run leaves no trace.
+  std::vector<std::filesystem::path> created_dirs;
+  const auto refuse = [&](int rc) {
+    if (comm.rank() != 0 || created_dirs.empty()) return rc;
+    std::error_code ec;
+    const std::filesystem::path run = std::filesystem::absolute(run_dir, ec).lexically_normal();
+    if (std::find(created_dirs.begin(), created_dirs.end(), run) != created_dirs.end())
+      std::filesystem::remove_all(run / ".ranks", ec);
+    for (auto it = created_dirs.rbegin(); it != created_dirs.rend(); ++it) std::filesystem::remove(*it, ec);  // if empty
+    return rc;
+  };
   std::string source = args.config;
   run_phase(setup, source, [&] {
     cfg = parse_config_file(args.config);
@@ -82,6 +95,11 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
           {checkpoint_dir, !cfg.checkpoint().dir().empty() ? "checkpoint.dir" : "the run directory's checkpoints/"}};
       for (const auto& [dir, field] : dirs) {
         std::error_code ec;
+        std::vector<std::filesystem::path> missing;  // dir and its missing ancestors, deepest first
+        for (std::filesystem::path p = std::filesystem::absolute(dir, ec).lexically_normal();
+             !p.empty() && p != p.root_path() && !std::filesystem::exists(p, ec); p = p.parent_path())
+          missing.push_back(p);
+        created_dirs.insert(created_dirs.end(), missing.rbegin(), missing.rend());
         std::filesystem::create_directories(dir, ec);
         if (ec || !std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
           throw BadInput(dir, field + ": cannot create or write this directory" + (ec ? ": " + ec.message() : ""));
@@ -91,7 +109,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     validate_for_device(cfg, device, source);
   });
   // Everything above is local to each rank (no collective), so a rank that failed cannot leave another waiting.
-  if (int rc = agree_on_failure(comm, setup)) return rc;
+  if (int rc = agree_on_failure(comm, setup)) return refuse(rc);
 
   // Each rank's GPU: the node's ranks gather the GPUs each sees (a collective every rank reaches), and every rank
   // computes the same assignment (comm/device_binding.h), so a node with more ranks than GPUs refuses alike on all.
@@ -100,7 +118,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   run_phase(binding, source, [&] {
     if (device == Device::kCUDA) bind_device(choose_device(comm.local_rank(), visible, cfg.device().allow_sharing()));
   });
-  if (int rc = agree_on_failure(comm, binding)) return rc;
+  if (int rc = agree_on_failure(comm, binding)) return refuse(rc);
 
   // The GPU's communicator (ncclCommInitRank is collective: only once every rank got this far) and the trainer.
   Communicator* train_comm = &comm;
@@ -124,7 +142,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
 #endif
     trainer = make_trainer(cfg, *train_comm);
   });
-  if (int rc = agree_on_failure(comm, build)) return rc;
+  if (int rc = agree_on_failure(comm, build)) return refuse(rc);
 
   comm.set_progress_dir(run_dir + "/.ranks");
   PhaseResult resume;
@@ -163,7 +181,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       }
     }
   });
-  if (int rc = agree_on_failure(comm, resume)) return rc;
+  if (int rc = agree_on_failure(comm, resume)) return refuse(rc);
 
   const bool rank0 = comm.rank() == 0;
   if (rank0) {

@@ -273,4 +273,28 @@ else
   ok "control: valid base config [mpi]"
 fi
 
+# ---- a refusal after set-up leaves no trace ------------------------------------------------------------------------
+# no_trace CASE DIR NEEDLE -- ARGS...: the run is refused as bad input under mpirun and its run directory (which it
+# created) is gone again, with everything the refused run put in it.
+no_trace() {
+  local name=$1 dir=$2 needle=$3
+  shift 4
+  expect_error "$name" mpi "$needle" -- "$@" --run-dir "$dir"
+  if [ -e "$dir" ]; then not_ok "$name: no run directory left" "$(find "$dir" | head -5 | tr '\n' ' ')"
+  else ok "$name: no run directory left"; fi
+}
+no_trace "17a no_decay pattern that matches nothing (build phase)" "$TMP/refused/a/run" "matches no tensor" -- \
+  train --config "$BASE" --set 'optimizer.no_decay=["nomatch*"]'
+no_trace "17b another model's checkpoint (resume phase)" "$TMP/refused/b" "checkpoint of another model" -- \
+  train --config "$BASE" --set 'model.mlp.hidden=[24]' --resume "$TMP/run_ok/checkpoints/step_00000002"
+[ -e "$TMP/refused" ] && not_ok "17: the created parent directory is gone too" "$TMP/refused exists" ||
+  ok "17: the created parent directory is gone too"
+# A refused resume into an existing run directory changes nothing in it.
+before=$(cd "$TMP/run_ok" && find . | sort | md5sum)
+expect_error "17c another model's checkpoint into an existing run" mpi "checkpoint of another model" -- \
+  train --config "$BASE" --set 'model.mlp.hidden=[24]' --run-dir "$TMP/run_ok" --resume "$TMP/run_ok/checkpoints/step_00000002"
+after=$(cd "$TMP/run_ok" && find . | sort | md5sum)
+[ "$before" = "$after" ] && ok "17c: the existing run directory is as it was" ||
+  not_ok "17c: the existing run directory changed" "$(cd "$TMP/run_ok" && find . | sort | head -20 | tr '\n' ' ')"
+
 exit "$FAILED"
