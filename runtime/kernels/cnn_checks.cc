@@ -63,6 +63,14 @@ void conv2d_backward_weights(const ConvShape& s, const Tensor& x, const Tensor& 
   if (dbias) require_fp32_numel(op, "dbias", *dbias, s.k, device);
 }
 
+void batchnorm_channels(const char* op, int64_t c, std::initializer_list<const Tensor*> tensors, Device device) {
+  for (const Tensor* t : tensors)
+    if (t->device() != device || t->dtype() != DType::kFloat32 || t->numel() != c)
+      throw Error(std::string(op) + ": per-channel tensors must be FP32 [" + std::to_string(c) + "] on the " +
+                  (device == Device::kCUDA ? "GPU" : "CPU") + ", got " + shape_str(t->shape()) + " " +
+                  dtype_name(t->dtype()));
+}
+
 Nchw batchnorm(const char* op, const Tensor& x, std::initializer_list<const Tensor*> like_x,
                std::initializer_list<const Tensor*> per_channel, int64_t sums, Device device) {
   require_on(op, "x", x, device);

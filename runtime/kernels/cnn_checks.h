@@ -28,6 +28,10 @@ struct Nchw {
 // FP32 [C]; `sums` is the size of the op's sums span, which must be 2C (-1: the op has none). All on `device`.
 Nchw batchnorm(const char* op, const Tensor& x, std::initializer_list<const Tensor*> like_x,
                std::initializer_list<const Tensor*> per_channel, int64_t sums, Device device);
+// BatchNorm's per-channel tensors of the step-state ops (batchnorm_statistics and its kin): each FP32 [c] on `device`.
+void batchnorm_channels(const char* op, int64_t c, std::initializer_list<const Tensor*> tensors, Device device);
+// C of x [N, C, H, W] (0 for another rank, which checks::batchnorm then refuses): the size of the ops' sums is 2C.
+inline int64_t channels_of(const Tensor& x) { return x.ndim() == 4 ? x.dim(1) : 0; }
 // a and b any dtype, y FP32, one element count.
 void residual_add(const Tensor& a, const Tensor& b, const Tensor& y, Device device);
 // in [N, C, H, W] and out [N, C, OH, OW], FP32, for the window of s (padding at most half the kernel); `argmax`, the

@@ -118,6 +118,19 @@ AMPDIST_HOST_DEVICE float batchnorm_running(float running, float momentum, float
 AMPDIST_HOST_DEVICE float batchnorm_unbiased(double var, double count) {
   return static_cast<float>(var * count / (count - 1.0));
 }
+// Channel i of c from sums [2c] (sum, then sum of squares) over `count` values: writes mean[i], var[i], invstd[i]
+// and updates running_mean[i] and running_var[i] in place; the one body of both backends' batchnorm_statistics.
+AMPDIST_HOST_DEVICE void batchnorm_channel_statistics(int64_t i, int64_t c, const double* sums, double count, float eps,
+                                                      float momentum, float* mean, float* var, float* invstd,
+                                                      float* running_mean, float* running_var) {
+  const double mu = batchnorm_mean(sums[i], count);
+  const double sigma2 = batchnorm_var(sums[c + i], count, mu);
+  mean[i] = static_cast<float>(mu);
+  var[i] = static_cast<float>(sigma2);
+  invstd[i] = batchnorm_invstd(sigma2, eps);
+  running_mean[i] = batchnorm_running(running_mean[i], momentum, static_cast<float>(mu));
+  running_var[i] = batchnorm_running(running_var[i], momentum, batchnorm_unbiased(sigma2, count));
+}
 // d/dx in double, with g = dy, xhat = (x - mean) * invstd, k = gamma * invstd and the channel means
 // mean_g = sum g / count, mean_gx = sum g xhat / count (0 and 0 in evaluation mode, where the statistics are
 // constants): dx = k * (g - mean_g - xhat * mean_gx).

@@ -579,16 +579,7 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean
   });
 }
 
-namespace {
-int64_t channels_of(const Tensor& x) { return x.ndim() == 4 ? x.dim(1) : 0; }  // a wrong rank fails the checks
-// The per-channel tensors of the statistics: FP32 [C] on the CPU.
-void require_channels(const char* op, int64_t c, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->device() != Device::kCPU || t->dtype() != DType::kFloat32 || t->numel() != c)
-      throw Error(std::string(op) + ": per-channel tensors must be FP32 [" + std::to_string(c) + "] on the CPU, got " +
-                  shape_str(t->shape()) + " " + dtype_name(t->dtype()));
-}
-}  // namespace
+using checks::channels_of;
 
 void batchnorm_sums_to(const Tensor& x, double* sums) {
   batchnorm_sums(x, std::span<double>(sums, static_cast<size_t>(2 * channels_of(x))));
@@ -608,26 +599,19 @@ void batchnorm_backward_dx_from(const Tensor& x, const Tensor& dy, const Tensor&
 void batchnorm_statistics(const double* sums, double count, float eps, float momentum, Tensor& mean, Tensor& var,
                           Tensor& invstd, Tensor& running_mean, Tensor& running_var, Tensor& tracked) {
   const int64_t c = mean.numel();
-  require_channels("batchnorm_statistics", c, {&mean, &var, &invstd, &running_mean, &running_var});
-  require_channels("batchnorm_statistics", 1, {&tracked});
-  float *m = mean.data_as<float>(), *v = var.data_as<float>(), *is = invstd.data_as<float>();
-  float *rm = running_mean.data_as<float>(), *rv = running_var.data_as<float>();
-  for (int64_t i = 0; i < c; ++i) {
-    const double mu = math::batchnorm_mean(sums[i], count);
-    const double sigma2 = math::batchnorm_var(sums[c + i], count, mu);
-    m[i] = static_cast<float>(mu);
-    v[i] = static_cast<float>(sigma2);
-    is[i] = math::batchnorm_invstd(sigma2, eps);
-    rm[i] = math::batchnorm_running(rm[i], momentum, static_cast<float>(mu));
-    rv[i] = math::batchnorm_running(rv[i], momentum, math::batchnorm_unbiased(sigma2, count));
-  }
+  checks::batchnorm_channels("batchnorm_statistics", c, {&mean, &var, &invstd, &running_mean, &running_var}, kCpu);
+  checks::batchnorm_channels("batchnorm_statistics", 1, {&tracked}, kCpu);
+  for (int64_t i = 0; i < c; ++i)
+    math::batchnorm_channel_statistics(i, c, sums, count, eps, momentum, mean.data_as<float>(), var.data_as<float>(),
+                                       invstd.data_as<float>(), running_mean.data_as<float>(),
+                                       running_var.data_as<float>());
   tracked.data_as<float>()[0] += 1.0f;
 }
 
 void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& mean,
                                   Tensor& var, Tensor& invstd) {
   const int64_t c = mean.numel();
-  require_channels("batchnorm_running_statistics", c, {&running_mean, &running_var, &mean, &var, &invstd});
+  checks::batchnorm_channels("batchnorm_running_statistics", c, {&running_mean, &running_var, &mean, &var, &invstd}, kCpu);
   const float *rm = running_mean.data_as<float>(), *rv = running_var.data_as<float>();
   float *m = mean.data_as<float>(), *v = var.data_as<float>(), *is = invstd.data_as<float>();
   for (int64_t i = 0; i < c; ++i) {
@@ -639,7 +623,7 @@ void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& runn
 
 void batchnorm_param_grads(const double* sums, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
   const int64_t c = dgamma.numel();
-  require_channels("batchnorm_param_grads", c, {&dgamma, &dbeta});
+  checks::batchnorm_channels("batchnorm_param_grads", c, {&dgamma, &dbeta}, kCpu);
   float *g = dgamma.data_as<float>(), *b = dbeta.data_as<float>();
   for (int64_t i = 0; i < c; ++i) {
     const float dg = static_cast<float>(sums[c + i]), db = static_cast<float>(sums[i]);

@@ -118,13 +118,7 @@ __global__ void k_bn_backward_dx(const void* x, int xd, const void* dy, int dd, 
 __global__ void k_bn_statistics(const double* sums, int64_t c, double count, float eps, float momentum, float* mean,
                                 float* var, float* invstd, float* rm, float* rv, float* tracked) {
   AMPDIST_GRID_STRIDE(i, c) {
-    const double mu = math::batchnorm_mean(sums[i], count);
-    const double sigma2 = math::batchnorm_var(sums[c + i], count, mu);
-    mean[i] = static_cast<float>(mu);
-    var[i] = static_cast<float>(sigma2);
-    invstd[i] = math::batchnorm_invstd(sigma2, eps);
-    rm[i] = math::batchnorm_running(rm[i], momentum, static_cast<float>(mu));
-    rv[i] = math::batchnorm_running(rv[i], momentum, math::batchnorm_unbiased(sigma2, count));
+    math::batchnorm_channel_statistics(i, c, sums, count, eps, momentum, mean, var, invstd, rm, rv);
     if (i == 0) tracked[0] += 1.0f;
   }
 }

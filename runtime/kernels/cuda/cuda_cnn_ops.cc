@@ -129,15 +129,7 @@ void batchnorm_backward_dx(const Tensor& x, const Tensor& dy, const Tensor& mean
   });
 }
 
-namespace {
-int64_t channels_of(const Tensor& x) { return x.ndim() == 4 ? x.dim(1) : 0; }
-void require_channels(const char* op, int64_t c, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->device() != Device::kCUDA || t->dtype() != DType::kFloat32 || t->numel() != c)
-      throw Error(std::string(op) + ": per-channel tensors must be FP32 [" + std::to_string(c) + "] on the GPU, got " +
-                  shape_str(t->shape()) + " " + dtype_name(t->dtype()));
-}
-}  // namespace
+using checks::channels_of;
 
 void batchnorm_sums_to(const Tensor& x, double* sums) {
   const Nchw d = checks::batchnorm("batchnorm", x, {}, {}, 2 * channels_of(x), kGpu);
@@ -171,8 +163,8 @@ void batchnorm_backward_dx_from(const Tensor& x, const Tensor& dy, const Tensor&
 void batchnorm_statistics(const double* sums, double count, float eps, float momentum, Tensor& mean, Tensor& var,
                           Tensor& invstd, Tensor& running_mean, Tensor& running_var, Tensor& tracked) {
   const int64_t c = mean.numel();
-  require_channels("batchnorm_statistics", c, {&mean, &var, &invstd, &running_mean, &running_var});
-  require_channels("batchnorm_statistics", 1, {&tracked});
+  checks::batchnorm_channels("batchnorm_statistics", c, {&mean, &var, &invstd, &running_mean, &running_var}, kGpu);
+  checks::batchnorm_channels("batchnorm_statistics", 1, {&tracked}, kGpu);
   launch([&] {
     ampdist::cuda::batchnorm_statistics(sums, c, count, eps, momentum, mean.data_as<float>(), var.data_as<float>(),
                                         invstd.data_as<float>(), running_mean.data_as<float>(),
@@ -183,7 +175,7 @@ void batchnorm_statistics(const double* sums, double count, float eps, float mom
 void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& running_var, float eps, Tensor& mean,
                                   Tensor& var, Tensor& invstd) {
   const int64_t c = mean.numel();
-  require_channels("batchnorm_running_statistics", c, {&running_mean, &running_var, &mean, &var, &invstd});
+  checks::batchnorm_channels("batchnorm_running_statistics", c, {&running_mean, &running_var, &mean, &var, &invstd}, kGpu);
   launch([&] {
     ampdist::cuda::batchnorm_running_statistics(running_mean.data_as<float>(), running_var.data_as<float>(), c, eps,
                                                 mean.data_as<float>(), var.data_as<float>(), invstd.data_as<float>(),
@@ -193,7 +185,7 @@ void batchnorm_running_statistics(const Tensor& running_mean, const Tensor& runn
 
 void batchnorm_param_grads(const double* sums, Tensor& dgamma, Tensor& dbeta, bool accumulate) {
   const int64_t c = dgamma.numel();
-  require_channels("batchnorm_param_grads", c, {&dgamma, &dbeta});
+  checks::batchnorm_channels("batchnorm_param_grads", c, {&dgamma, &dbeta}, kGpu);
   launch([&] {
     ampdist::cuda::batchnorm_param_grads(sums, c, dgamma.data_as<float>(), dbeta.data_as<float>(), accumulate,
                                          stream());
