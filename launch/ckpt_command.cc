@@ -53,12 +53,13 @@ bool is_step_dir(const fs::path& p) {
   return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// The step_* directories directly under `dir`, ascending.
+// The step_* directories directly under `dir`, and the damaged ones a run moved aside (step_*.damaged*), ascending.
 std::vector<std::string> step_dirs(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (is_step_dir(e.path()) && e.is_directory(ec)) out.push_back(e.path().string());
+    if ((is_step_dir(e.path()) || is_moved_aside(e.path().filename().string())) && e.is_directory(ec))
+      out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
 }

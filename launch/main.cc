@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -21,6 +22,7 @@
 #include "launch/generate_command.h"
 #include "launch/prepare_text_command.h"
 #include "launch/train_command.h"
+#include "runtime/train/loop.h"  // stop_signal_notice
 #include "runtime/train/trainer.h"
 #include "runtime/core/error.h"
 #include "runtime/kernels/cpu/isa.h"
@@ -35,6 +37,7 @@ namespace {
 // or benchmark loop runs, a signal asks every rank to save and stop at the next step boundary; before that (set-up,
 // the ckpt and report tools) it ends the process with the signal's default action, as without this thread.
 std::atomic<bool> g_stop_armed{false};
+std::atomic<int> g_rank{-1};  // this process's rank in MPI_COMM_WORLD, once known
 sigset_t stop_signals() {
   sigset_t set;
   sigemptyset(&set);
@@ -57,6 +60,15 @@ void take_stop_signals() {
       if (sigwait(&wait_set, &sig) != 0) continue;
       if (g_stop_armed.load()) {
         ampdist::stop_request().store(true);
+        // Said at once: mpirun ends its ranks about a second after passing a SIGTERM on, often before the
+        // stop-save is done, and nothing else would say why the job ended.
+        if (g_rank.load() == 0) {
+          const std::string notice = ampdist::stop_signal_notice(sig == SIGTERM ? "SIGTERM" : "SIGUSR1");
+          if (!notice.empty()) {
+            const std::string line = "ampdist: " + notice + "\n";
+            [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+          }
+        }
         continue;
       }
       std::signal(sig, SIG_DFL);  // not training: the default action (terminate), on this thread
@@ -84,6 +96,7 @@ int main(int argc, char** argv) {
   }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  g_rank.store(rank);
   // AMPDIST_STARTUP_TRACE=1: one line per rank once MPI is up, so that a rank that dies inside MPI_Init (a launcher's
   // or MPI library's start-up failure, before any ampdist code runs) can be told from a failure of ampdist itself.
   if (const char* trace = std::getenv("AMPDIST_STARTUP_TRACE"); trace && std::string(trace) == "1")

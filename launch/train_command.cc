@@ -49,7 +49,8 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   Device device = Device::kCPU;
   std::unique_ptr<Trainer> trainer;
   PhaseResult setup;
-  std::string run_dir, checkpoint_dir, resumed_from, resume_note;
+  std::string run_dir, checkpoint_dir, resumed_from, resume_note, resumed_checkpoint;
+  std::vector<std::pair<std::string, std::string>> damaged;  // checkpoints --resume auto passed over, and why
   // The directories this run created (rank 0), deepest last: a refusal before training removes them again when
   // nothing but this run's own rank progress files (.ranks/) is in them, so a refused run leaves no trace.
   std::vector<std::filesystem::path> created_dirs;
@@ -155,9 +156,13 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       std::optional<std::string> path;
       std::optional<Manifest> loaded;
       if (args.resume == "auto") {
-        // Newest first; a checkpoint whose bytes fail their checks on any rank fails alike on every rank (the load
-        // agrees before it changes anything), and the next older one is tried.
-        for (const std::string& candidate : resume_candidates(checkpoint_dir)) {
+        // Newest first. A checkpoint whose files are not whole, or whose bytes fail their checks on any rank (the
+        // load agrees before it changes anything, so it fails alike on every rank), is damaged: passed over with a
+        // warning, and moved aside once this run has resumed. A whole checkpoint of another model or optimizer is
+        // not damage but a run directory shared by two configs: refused, so that no save of this run replaces it.
+        const ResumeScan scan = scan_for_resume(checkpoint_dir);
+        damaged = scan.damaged;
+        for (const std::string& candidate : scan.candidates) {
           CheckpointState state = trainer->checkpoint_state();
           try {
             loaded = load_checkpoint(comm, candidate, state);
@@ -165,7 +170,14 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
             break;
           } catch (const Error& e) {
             if (e.kind() != ErrorKind::kBadInput) throw;
-            if (comm.rank() == 0) std::cout << "warning: passing over " << candidate << ": " << e.what() << "\n";
+            // Rank 0 reads every byte to tell damage from a mismatch (and which file is damaged, wherever the
+            // load found it); every rank follows its verdict.
+            const std::vector<std::string> problems =
+                comm.rank() == 0 ? verify_checkpoint(candidate) : std::vector<std::string>{};
+            if (comm.allgather_u64(problems.empty() ? 1 : 0, "resume verdict gather")[0] == 1)
+              throw Error(std::string(e.what()) + "; --resume auto does not pass over a whole checkpoint: resume "
+                          "with the config that saved it, or use another --run-dir", ErrorKind::kBadInput);
+            damaged.emplace_back(candidate, problems.empty() ? e.what() : problems.front());
           }
         }
       } else {
@@ -176,12 +188,26 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
       if (path) {
         const Manifest& m = *loaded;
         resume_note = trainer->restore(m);
+        resumed_checkpoint = *path;
         resumed_from = *path + " (step " + std::to_string(m.step()) + ", saved on " + std::to_string(m.world_size()) +
                        " ranks, master weights hash " + hex16(trainer->master_hash()) + ")";
       }
     }
   });
   if (int rc = agree_on_failure(comm, resume)) return refuse(rc);
+
+  // The damaged checkpoints passed over are evidence: out of the way of this run's saves and pruning, intact.
+  std::vector<std::string> damaged_lines;
+  if (comm.rank() == 0)
+    for (const auto& [dir, problem] : damaged) {
+      std::string where;
+      try {
+        where = "moved aside to " + move_aside_damaged(dir) + ", intact";
+      } catch (const Error& e) {
+        where = std::string("left in place (") + e.what() + "); a save of its step will move it aside";
+      }
+      damaged_lines.push_back(dir + " is damaged and was passed over: " + problem + "; " + where);
+    }
 
   const bool rank0 = comm.rank() == 0;
   if (rank0) {
@@ -205,10 +231,19 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     for (const std::string& w : lint_model(*trainer)) std::cout << "warning: " << w << "\n";
     const std::string binding = thread_binding_hint(trainer->threads(), kernels::available_cpus());
     if (!binding.empty()) std::cout << "warning: " << binding << "\n";
+    for (const std::string& d : damaged_lines) std::cout << "warning: " << d << "\n";
     if (!resumed_from.empty())
       std::cout << "resumed from " << resumed_from << "\n";
     else if (args.resume == "auto")
-      std::cout << "no checkpoint in " << checkpoint_dir << ": starting fresh\n";
+      std::cout << (damaged.empty() ? "no checkpoint in " : "no undamaged checkpoint in ") << checkpoint_dir
+                << ": starting fresh\n";
+    if (args.resume.empty()) {
+      const ResumeScan earlier = scan_for_resume(checkpoint_dir);
+      if (!earlier.candidates.empty())
+        std::cout << "warning: " << checkpoint_dir << " already holds checkpoints (newest "
+                  << earlier.candidates.front() << ") and this run starts fresh (no --resume): its saves replace "
+                  << "those of the same step, and checkpoint.keep_last counts them all\n";
+    }
     if (!resume_note.empty()) std::cout << resume_note << "\n";
     std::cout << std::flush;
   }
@@ -222,6 +257,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     opt.tty = rank0 && comm.world_size() == 1 && describe_launcher() == "single process" && isatty(STDOUT_FILENO);
     opt.checkpoint_dir = checkpoint_dir;
     opt.resume_note = resume_note;
+    opt.resumed_checkpoint = resumed_checkpoint;
     run_training(*trainer, opt);  // the summary is printed by the loop's console sink
   } catch (const std::exception& e) {
     const Error* err = dynamic_cast<const Error*>(&e);

@@ -9,14 +9,17 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>  // renameat2
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "runtime/core/flat_layout.h"  // shard_counts
 #include "runtime/core/error.h"
@@ -101,10 +104,11 @@ std::vector<std::pair<int64_t, int64_t>> record_ranges(int64_t begin, int64_t co
   return out;
 }
 
-// crash: truncate the shard halfway and SIGKILL this process; fail_errno != 0: fail the first write with it.
+// crash: truncate the shard halfway and SIGKILL this process; fail_errno != 0: fail the first write with it;
+// pause_s > 0: sleep that long with every record written and before the fsync (a slow disk).
 // The state's tensors hold elements [state.begin, ...) of the flat buffers.
 ShardResult write_shard(const std::string& path, const CheckpointState& state, int64_t begin, int64_t count,
-                        int64_t per_record, bool crash, int fail_errno) {
+                        int64_t per_record, bool crash, int fail_errno, double pause_s) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error(path + ": cannot create: " + errno_text());
   XXH3_state_t* h = XXH3_createState();
@@ -144,6 +148,7 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
       ::fsync(fd);
       std::raise(SIGKILL);
     }
+    if (pause_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
     if (::fsync(fd) != 0) throw Error(path + ": fsync failed: " + errno_text());
   } catch (...) {
     ::close(fd);
@@ -502,59 +507,81 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
-                            const FaultConfig* faults) {
+SaveTarget prepare_save(Communicator& comm, const CheckpointState& state, const std::string& dir) {
   const int rank = comm.rank(), world = comm.world_size();
-  const std::string name = checkpoint_name(state.meta.step());
-  const fs::path tmp = fs::path(dir) / (".tmp_" + name);
-  const fs::path final_path = fs::path(dir) / name;
-  const int64_t numel = state.numel >= 0 ? state.numel
-                       : state.buffers.empty() ? 0 : state.buffers.front().second->numel();
-  const int64_t per_record = state.record_elements > 0 ? state.record_elements : default_record_elements();
-
+  SaveTarget t;
+  t.dir = dir;
+  t.step = state.meta.step();
+  t.name = checkpoint_name(t.step);
+  t.tmp = (fs::path(dir) / (".tmp_" + t.name)).string();
+  t.final_path = (fs::path(dir) / t.name).string();
+  t.numel = state.numel >= 0 ? state.numel : state.buffers.empty() ? 0 : state.buffers.front().second->numel();
+  t.per_record = state.record_elements > 0 ? state.record_elements : default_record_elements();
+  t.buffers = state.buffers.size();
+  const std::vector<int64_t> counts = shard_counts(t.numel, world);
+  for (int r = 0; r < rank; ++r) t.begin += counts[r];
+  t.count = counts[rank];
+  t.most_records = static_cast<int64_t>(state.buffers.size()) *
+                   static_cast<int64_t>(record_ranges(0, counts.empty() ? 0 : counts[0], t.per_record).size());
+  for (const auto& b : state.buffers)
+    AMPDIST_CHECK(t.begin >= state.begin && t.begin + t.count <= state.begin + b.second->numel(),
+                  "the state of rank " + std::to_string(rank) + " does not hold its checkpoint shard");
   // Rank 0 clears a stale temporary directory of an earlier, interrupted save of the same step.
-  std::string error;
   if (rank == 0) {
     try {
       fs::create_directories(dir);
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
+      fs::remove_all(t.tmp);
+      fs::create_directories(t.tmp);
     } catch (const std::exception& e) {
-      error = std::string("cannot prepare ") + tmp.string() + ": " + e.what();
+      t.prepare_error = "cannot prepare " + t.tmp + ": " + e.what();
     }
   }
   comm.barrier("checkpoint directory barrier");
+  return t;
+}
 
-  ShardResult mine;
-  int write_errno = 0;
-  const std::vector<int64_t> counts = shard_counts(numel, world);
-  int64_t begin = 0;
-  for (int r = 0; r < rank; ++r) begin += counts[r];
-  for (const auto& b : state.buffers)
-    AMPDIST_CHECK(begin >= state.begin && begin + counts[rank] <= state.begin + b.second->numel(),
-                  "the state of rank " + std::to_string(rank) + " does not hold its checkpoint shard");
-  if (error.empty()) {
-    try {
-      const int64_t step = state.meta.step();
-      const bool die = faults && faults->has_crash_during_save() && faults->crash_during_save().step() == step &&
-                       faults->crash_during_save().rank() == rank;
-      const bool fail = faults && faults->has_save_error() && faults->save_error().step() == step &&
-                        faults->save_error().rank() == rank;
-      mine = write_shard((tmp / shard_name(rank, world)).string(), state, begin, counts[rank], per_record, die,
-                         fail ? (faults->save_error().disk_full() ? ENOSPC : EIO) : 0);
-    } catch (const std::exception& e) {
-      error = e.what();
-      write_errno = errno ? errno : EIO;
-    }
+ShardWrite write_own_shard(const SaveTarget& t, const CheckpointState& state, int rank, int world,
+                           const FaultConfig* faults) {
+  ShardWrite w;
+  if (!t.prepare_error.empty()) {
+    w.error = t.prepare_error;
+    w.err = EIO;
+    return w;
   }
+  try {
+    const bool die = faults && faults->has_crash_during_save() && faults->crash_during_save().step() == t.step &&
+                     faults->crash_during_save().rank() == rank;
+    const bool fail = faults && faults->has_save_error() && faults->save_error().step() == t.step &&
+                      faults->save_error().rank() == rank;
+    const bool slow = faults && faults->has_slow_save() && faults->slow_save().step() == t.step &&
+                      faults->slow_save().rank() == rank;
+    const ShardResult r = write_shard((fs::path(t.tmp) / shard_name(rank, world)).string(), state, t.begin, t.count,
+                                      t.per_record, die, fail ? (faults->save_error().disk_full() ? ENOSPC : EIO) : 0,
+                                      slow ? faults->slow_save().seconds() : 0.0);
+    w.bytes = r.bytes;
+    w.records = r.records;
+    w.xxh3 = r.xxh3;
+    w.record_bytes = r.record_bytes;
+  } catch (const std::exception& e) {
+    w.error = e.what();
+    w.err = errno ? errno : EIO;
+  }
+  return w;
+}
+
+std::string commit_save(Communicator& comm, const SaveTarget& t, const Manifest& meta,
+                        const std::vector<std::string>& buffer_names, const ShardWrite& mine, int keep_last,
+                        std::vector<std::string>* warnings) {
+  const int rank = comm.rank(), world = comm.world_size();
+  std::string error = mine.error;
   // Everyone learns whether every shard is on disk, and which rank failed with what, before anything is published.
   const std::vector<uint64_t> errnos =
-      comm.allgather_u64(error.empty() ? 0 : (write_errno ? write_errno : EIO), "checkpoint status gather");
-  int64_t failed[1] = {0};
+      comm.allgather_u64(error.empty() ? 0 : (mine.err ? mine.err : EIO), "checkpoint status gather");
+  int64_t failed = 0;
   std::string who;
   for (int r = 0; r < world; ++r) {
     if (errnos[r] == 0) continue;
-    ++failed[0];
+    ++failed;
     if (who.empty())
       who = "rank " + std::to_string(r) + " could not write its shard: " + std::strerror(static_cast<int>(errnos[r]));
   }
@@ -564,36 +591,34 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
   // Every record's length, for readers that seek: the same number of gathers on every rank (the most records any
   // rank writes, which every rank can compute), each rank giving 0 past its own.
   std::vector<std::vector<int64_t>> record_bytes(world);
-  if (failed[0] == 0) {
-    const int64_t most = static_cast<int64_t>(state.buffers.size()) *
-                         static_cast<int64_t>(record_ranges(0, counts.empty() ? 0 : counts[0], per_record).size());
-    for (int64_t k = 0; k < most; ++k) {
+  if (failed == 0) {
+    for (int64_t k = 0; k < t.most_records; ++k) {
       const int64_t len = k < std::ssize(mine.record_bytes) ? mine.record_bytes[k] : 0;
       const std::vector<uint64_t> all = comm.allgather_u64(static_cast<uint64_t>(len), "checkpoint record sizes");
       for (int r = 0; r < world; ++r)
         if (all[r] > 0) record_bytes[r].push_back(static_cast<int64_t>(all[r]));
     }
   }
-  if (failed[0] > 0) {
+  if (failed > 0) {
     // Nothing of this save is kept (it may be what filled the disk); nothing older was touched.
     if (rank == 0) {
       std::error_code ec;
-      fs::remove_all(tmp, ec);
+      fs::remove_all(t.tmp, ec);
     }
-    throw Error("checkpoint " + final_path.string() + " not saved: " + (who.empty() ? error : who) +
-                (failed[0] > 1 ? " (and " + std::to_string(failed[0] - 1) + " more)" : ""))
+    throw Error("checkpoint " + t.final_path + " not saved: " + (who.empty() ? error : who) +
+                (failed > 1 ? " (and " + std::to_string(failed - 1) + " more)" : ""))
         .set_collective();
   }
 
   if (rank == 0) {
     try {
-      Manifest m = state.meta;
+      Manifest m = meta;
       m.set_format_version(kFormatVersion);
       m.set_world_size(world);
-      m.set_numel(numel);
-      m.set_record_elements(per_record);
+      m.set_numel(t.numel);
+      m.set_record_elements(t.per_record);
       m.clear_buffers();
-      for (const auto& b : state.buffers) m.add_buffers(b.first);
+      for (const std::string& b : buffer_names) m.add_buffers(b);
       m.clear_shards();
       for (int r = 0; r < world; ++r) {
         ShardFileInfo* s = m.add_shards();
@@ -607,28 +632,59 @@ std::string save_checkpoint(Communicator& comm, const CheckpointState& state, co
       ManifestFile mf;
       mf.set_manifest(m.SerializeAsString());
       mf.set_xxh3(XXH3_64bits(mf.manifest().data(), mf.manifest().size()));
-      write_file_durably((tmp / "manifest.pb").string(), mf.SerializeAsString());
-      fsync_path(tmp.string());
-      if (fs::exists(final_path)) fs::remove_all(final_path);  // a re-save of the same step replaces it
-      fs::rename(tmp, final_path);
-      fsync_path(dir);
-      const std::string latest_tmp = (fs::path(dir) / ".latest.tmp").string();
-      write_file_durably(latest_tmp, name + "\n");
-      fs::rename(latest_tmp, fs::path(dir) / "latest");
-      fsync_path(dir);
+      write_file_durably((fs::path(t.tmp) / "manifest.pb").string(), mf.SerializeAsString());
+      fsync_path(t.tmp);
+      // A re-save of the same step replaces a whole checkpoint; a damaged one is evidence and is moved aside.
+      if (fs::exists(t.final_path)) {
+        const std::string problem = whole_checkpoint_problem(t.final_path);
+        if (problem.empty()) {
+          fs::remove_all(t.final_path);
+        } else {
+          const std::string aside = move_aside_damaged(t.final_path);
+          if (warnings)
+            warnings->push_back(t.final_path + " was damaged (" + problem + "): moved aside to " + aside +
+                                ", not written over");
+        }
+      }
+      fs::rename(t.tmp, t.final_path);
+      fsync_path(t.dir);
+      const std::string latest_tmp = (fs::path(t.dir) / ".latest.tmp").string();
+      write_file_durably(latest_tmp, t.name + "\n");
+      fs::rename(latest_tmp, fs::path(t.dir) / "latest");
+      fsync_path(t.dir);
       if (keep_last > 0) {
-        auto all = complete_checkpoints(dir);
-        for (size_t i = 0; i + keep_last < all.size(); ++i) fs::remove_all(all[i].second);
+        auto all = complete_checkpoints(t.dir);
+        for (size_t i = 0; i + keep_last < all.size(); ++i) {
+          // Pruning removes whole checkpoints only (manifest and shard sizes checked, not every byte).
+          const std::string problem = whole_checkpoint_problem(all[i].second);
+          if (problem.empty()) {
+            fs::remove_all(all[i].second);
+          } else {
+            const std::string aside = move_aside_damaged(all[i].second);
+            if (warnings)
+              warnings->push_back(all[i].second + " is damaged (" + problem + "): moved aside to " + aside +
+                                  " instead of pruned");
+          }
+        }
       }
     } catch (const std::exception& e) {
-      error = std::string("publishing checkpoint ") + final_path.string() + " failed: " + e.what();
+      error = "publishing checkpoint " + t.final_path + " failed: " + e.what();
     }
   }
-  int64_t published[1] = {error.empty() ? 0 : 1};
+  int64_t published[1] = {rank == 0 && !error.empty() ? 1 : 0};
   comm.allreduce_i64(published, ReduceOp::kSum, "checkpoint publish all-reduce");
   if (published[0] > 0)  // rank 0 holds the reason, and rank 0 reports a collective error
-    throw Error(error.empty() ? "checkpoint " + final_path.string() + " not published" : error).set_collective();
-  return final_path.string();
+    throw Error(rank == 0 && !error.empty() ? error : "checkpoint " + t.final_path + " not published").set_collective();
+  return t.final_path;
+}
+
+std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
+                            const FaultConfig* faults, std::vector<std::string>* warnings) {
+  const SaveTarget t = prepare_save(comm, state, dir);
+  const ShardWrite mine = write_own_shard(t, state, comm.rank(), comm.world_size(), faults);
+  std::vector<std::string> names;
+  for (const auto& b : state.buffers) names.push_back(b.first);
+  return commit_save(comm, t, state.meta, names, mine, keep_last, warnings);
 }
 
 Manifest read_manifest(const std::string& path) {
@@ -737,7 +793,27 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   return std::nullopt;
 }
 
-std::vector<std::string> resume_candidates(const std::string& dir) {
+std::string whole_checkpoint_problem(const std::string& path) {
+  try {
+    const Manifest m = read_manifest(path);
+    if (m.shards_size() != m.world_size())
+      return (fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
+             " shards for world size " + std::to_string(m.world_size());
+    std::error_code ec;
+    for (const ShardFileInfo& s : m.shards()) {
+      const fs::path f = fs::path(path) / s.file();
+      if (!fs::is_regular_file(f, ec)) return f.string() + ": missing";
+      const auto size = static_cast<int64_t>(fs::file_size(f, ec));
+      if (size != s.bytes())
+        return f.string() + ": " + std::to_string(size) + " bytes, the manifest lists " + std::to_string(s.bytes());
+    }
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+ResumeScan scan_for_resume(const std::string& dir) {
   std::vector<std::string> order;
   std::error_code ec;
   const fs::path latest = fs::path(dir) / "latest";
@@ -745,25 +821,50 @@ std::vector<std::string> resume_candidates(const std::string& dir) {
     std::ifstream in(latest);
     std::string name;
     std::getline(in, name);
-    if (step_of(name) >= 0) order.push_back((fs::path(dir) / name).string());
+    if (step_of(name) >= 0 && fs::is_directory(fs::path(dir) / name, ec)) order.push_back((fs::path(dir) / name).string());
   }
-  auto all = complete_checkpoints(dir);
+  // Every step_* directory, a manifest or not: one without is damaged too (a save publishes the manifest before the
+  // directory gets its step_* name).
+  std::vector<std::pair<int64_t, std::string>> all;
+  if (fs::is_directory(dir, ec))
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const int64_t s = step_of(e.path().filename().string());
+      if (s >= 0 && e.is_directory(ec)) all.emplace_back(s, e.path().string());
+    }
+  std::sort(all.begin(), all.end());
   for (auto it = all.rbegin(); it != all.rend(); ++it)
     if (std::find(order.begin(), order.end(), it->second) == order.end()) order.push_back(it->second);
-  std::vector<std::string> out;
+  ResumeScan out;
   for (const std::string& path : order) {
-    try {
-      const Manifest m = read_manifest(path);
-      bool whole = m.shards_size() == m.world_size();
-      for (const ShardFileInfo& s : m.shards()) {
-        const fs::path f = fs::path(path) / s.file();
-        whole = whole && fs::is_regular_file(f, ec) && static_cast<int64_t>(fs::file_size(f, ec)) == s.bytes();
-      }
-      if (whole) out.push_back(path);
-    } catch (const Error&) {
-    }
+    std::string problem = whole_checkpoint_problem(path);
+    if (problem.empty())
+      out.candidates.push_back(path);
+    else
+      out.damaged.emplace_back(path, std::move(problem));
   }
   return out;
+}
+
+bool is_moved_aside(const std::string& dirname) {
+  const size_t dot = dirname.find(".damaged");
+  if (dot != 13 || step_of(dirname.substr(0, 13)) < 0) return false;
+  const std::string rest = dirname.substr(dot + 8);  // "" or ".N"
+  return rest.empty() || (rest.size() > 1 && rest[0] == '.' &&
+                          std::all_of(rest.begin() + 1, rest.end(), [](char c) { return c >= '0' && c <= '9'; }));
+}
+
+std::string move_aside_damaged(const std::string& path) {
+  const fs::path from = fs::path(path).lexically_normal();
+  // RENAME_NOREPLACE: never onto anything already there (an earlier damaged copy of the same step keeps its name).
+  for (int n = 1;; ++n) {
+    const std::string to = from.string() + ".damaged" + (n == 1 ? "" : "." + std::to_string(n));
+    if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
+      fsync_path(from.parent_path().string());
+      return to;
+    }
+    if (errno != EEXIST || n >= 1000)
+      throw Error("cannot move the damaged checkpoint " + from.string() + " aside to " + to + ": " + errno_text());
+  }
 }
 
 std::vector<float> read_checkpoint_buffer(const std::string& path, const std::string& buffer) {

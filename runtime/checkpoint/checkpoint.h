@@ -53,9 +53,42 @@ std::string checkpoint_name(int64_t step);
 // Collective. Writes the checkpoint of state.meta.step() under `dir` and returns its path. Throws Error (kRuntime) on
 // every rank when any rank failed to write; the partial directory is removed and the previous checkpoints stay as
 // they were. faults: fault injection for tests (fault.crash_during_save: the named rank truncates its shard halfway
-// and kills itself; fault.save_error: the named rank's write fails with ENOSPC or EIO).
+// and kills itself; fault.save_error: the named rank's write fails with ENOSPC or EIO; fault.slow_save: the named
+// rank pauses halfway through its shard). A damaged checkpoint is never written over or pruned: one in the way
+// (same step, or beyond keep_last) that is not whole (whole_checkpoint_problem) is moved aside
+// (move_aside_damaged), and rank 0 appends a line saying so to `warnings`.
 std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
-                            const FaultConfig* faults = nullptr);
+                            const FaultConfig* faults = nullptr, std::vector<std::string>* warnings = nullptr);
+
+// The three phases of save_checkpoint, also run apart by the asynchronous writer (async_checkpoint.h):
+// prepare_save (collective: rank 0 makes <dir>/.tmp_step_XXXXXXXX), write_own_shard (local, any thread: this rank's
+// shard of `state`, written, hashed and fsynced) and commit_save (collective: gathers every rank's result; rank 0
+// writes the manifest, renames, replaces `latest` and prunes; throws the same errors as save_checkpoint).
+struct SaveTarget {
+  std::string dir, name, tmp, final_path;
+  int64_t step = 0;
+  int64_t numel = 0;         // elements of each flat buffer
+  int64_t per_record = 0;    // elements per record
+  int64_t begin = 0, count = 0;  // this rank's shard of the flat buffers
+  int64_t most_records = 0;  // records of the largest shard (every rank's gather count)
+  size_t buffers = 0;
+  std::string prepare_error;  // rank 0: the temporary directory could not be made
+};
+struct ShardWrite {
+  int64_t bytes = 0, records = 0;
+  uint64_t xxh3 = 0;
+  std::vector<int64_t> record_bytes;
+  int err = 0;        // errno of a failed write, 0 when written
+  std::string error;  // what failed, "" when written
+};
+SaveTarget prepare_save(Communicator& comm, const CheckpointState& state, const std::string& dir);
+// `state` holds at least this rank's shard [t.begin, t.begin + t.count) of every buffer (state.begin says where its
+// tensors start). Never throws: a failure is in the result.
+ShardWrite write_own_shard(const SaveTarget& t, const CheckpointState& state, int rank, int world,
+                           const FaultConfig* faults);
+std::string commit_save(Communicator& comm, const SaveTarget& t, const Manifest& meta,
+                        const std::vector<std::string>& buffer_names, const ShardWrite& mine, int keep_last,
+                        std::vector<std::string>* warnings);
 
 // Reads and verifies <path>/manifest.pb (no shards). Throws Error (kBadInput) naming the file.
 Manifest read_manifest(const std::string& path);
@@ -74,10 +107,28 @@ std::vector<std::string> verify_checkpoint(const std::string& path);
 // step_* directory whose manifest verifies. Partial (.tmp_*) directories are never returned.
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
-// The checkpoints under `dir` a resume may try, newest first (`latest` first when it names one): those whose manifest
-// verifies and whose shard files exist with the sizes it lists. Reads manifests only, so every rank can call it; a
-// load then checks every byte it reads (and fails alike on every rank, so the caller can try the next).
-std::vector<std::string> resume_candidates(const std::string& dir);
+// "" when the checkpoint at `path` is whole as far as a cheap look can tell (its manifest verifies and every shard
+// file it lists exists with the listed size), else what is wrong, naming the file. Reads the manifest only.
+std::string whole_checkpoint_problem(const std::string& path);
+
+// The step_* checkpoints under `dir`, newest first (`latest` first when it names one): `candidates` are those a
+// resume may try (whole_checkpoint_problem empty), `damaged` the others with what is wrong. Reads manifests only, so
+// every rank can call it; a load then checks every byte it reads (and fails alike on every rank, so the caller can
+// try the next).
+struct ResumeScan {
+  std::vector<std::string> candidates;
+  std::vector<std::pair<std::string, std::string>> damaged;  // (path, problem)
+};
+ResumeScan scan_for_resume(const std::string& dir);
+
+// A damaged checkpoint is evidence, kept for repair: renames the directory `path` to `path.damaged` (`.damaged.2`,
+// ... when that exists; never onto an existing name), fsyncs the parent and returns the new path. Its step_* name
+// is gone, so no resume, save or pruning sees it again; `ampdist ckpt verify DIR` still lists it. Throws Error
+// (kRuntime) when the rename fails.
+std::string move_aside_damaged(const std::string& path);
+
+// True for a directory name move_aside_damaged gives: step_XXXXXXXX.damaged or step_XXXXXXXX.damaged.N.
+bool is_moved_aside(const std::string& dirname);
 
 // Reads one whole flat buffer (e.g. "master") of a verified checkpoint into host memory, for tools.
 std::vector<float> read_checkpoint_buffer(const std::string& path, const std::string& buffer);

@@ -437,6 +437,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   non_negative("checkpoint.every_minutes", cfg.checkpoint().every_minutes());
   non_negative("checkpoint.keep_last", cfg.checkpoint().keep_last());
   if (cfg.fault().has_stall()) non_negative("fault.stall.seconds", cfg.fault().stall().seconds());
+  if (cfg.fault().has_slow_save()) non_negative("fault.slow_save.seconds", cfg.fault().slow_save().seconds());
 
   for (int i = 0; i < cfg.fault().inject_nonfinite_size(); ++i) {
     const NonFiniteInjection& f = cfg.fault().inject_nonfinite(i);

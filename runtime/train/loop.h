@@ -18,7 +18,15 @@ struct LoopOptions {
   std::string checkpoint_dir;
   // Trainer::restore's line about a precision change on resume ("" if none): also a {"type":"resume"} record.
   std::string resume_note;
+  // The checkpoint this run resumed from ("" if none): the newest complete one until this run saves its own.
+  std::string resumed_checkpoint;
 };
+
+// One line saying what a stop signal (`signal_name`: "SIGTERM", "SIGUSR1") arriving now interrupts and what survives
+// if the job is ended before the stop-save completes (mpirun ends its ranks about 1 s after passing on a SIGTERM, which
+// may be in the middle of a save): the checkpoint being written or the step under way, and the newest complete
+// checkpoint of this run. "" when no training loop runs. Thread-safe: for the signal thread of launch/main.cc.
+std::string stop_signal_notice(const std::string& signal_name);
 
 
 // Peak resident set size of this process in MiB (getrusage(RUSAGE_SELF).ru_maxrss, which Linux reports in KiB).

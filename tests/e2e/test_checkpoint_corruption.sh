@@ -7,8 +7,11 @@
 # and then `mpirun -np 2 ampdist train --resume <that step dir>` must exit 2 with exactly one line
 # "ampdist: error: ..." naming the damaged file (the checkpoint directory for e), leaving every file of the copy as it
 # was (no new step_*), and `ampdist ckpt verify` must exit 1 naming the file (e is a whole checkpoint: exit 0).
-# Then --resume auto: a corrupt newest checkpoint (step 20) falls back to step 10, and a partial .tmp_step_00000030
-# is never chosen.
+# Then --resume auto: a corrupt newest checkpoint (step 20) falls back to step 10, with one warning naming it, and is
+# moved aside intact (never written over by the resumed run's own save of step 20); a partial .tmp_step_00000030 is
+# never chosen; a whole checkpoint of another model is refused (exit 2), not passed over. A damaged checkpoint in the
+# way of a save of the same step, or of keep_last pruning, is moved aside intact with a warning, and `ckpt verify`
+# on the directory lists it.
 #
 #   bash tests/e2e/test_checkpoint_corruption.sh <path-to-ampdist> <source-dir>
 source "$(dirname "$0")/lib.sh" ckpt_corrupt "$@"
@@ -165,12 +168,103 @@ auto_case() {
   fi
 }
 
+# damaged_kept NAME RUN_OUT DAMAGED_DIR SUMS NEEDLE: RUN_OUT has exactly one warning line, naming DAMAGED_DIR and
+# NEEDLE; DAMAGED_DIR.damaged holds exactly the files listed in SUMS (sha256sum output, relative) unchanged; and
+# `ckpt verify` of the checkpoints directory exits 1 and lists DAMAGED_DIR.damaged.
+damaged_kept() {
+  local name=$1 out=$2 dir=$3 sums=$4 needle=$5 why="" n vout="$2.verify" rc
+  n=$(grep -c '^warning: ' "$out")
+  if [ "$n" -ne 1 ]; then
+    why="$n warning lines, expected 1"
+  elif ! grep '^warning: ' "$out" | grep -Fq "$dir " || ! grep '^warning: ' "$out" | grep -Fq -- "$needle"; then
+    why="the warning does not name $dir and '$needle'"
+  elif [ ! -d "$dir.damaged" ]; then
+    why="no $dir.damaged"
+  elif ! (cd "$dir.damaged" && sha256sum --quiet -c "$sums" >/dev/null 2>&1) ||
+    [ "$(find "$dir.damaged" -type f | wc -l)" -ne "$(grep -c . "$sums")" ]; then
+    why="$dir.damaged differs from the damaged checkpoint"
+  fi
+  if [ -z "$why" ]; then
+    timeout 120 "$AMPDIST" ckpt verify "$(dirname "$dir")" >"$vout" 2>&1 </dev/null
+    rc=$?
+    if [ "$rc" -ne 1 ] || ! grep -Fq "ampdist: error: $dir.damaged/" "$vout"; then
+      why="ckpt verify $(dirname "$dir"): exit $rc, expected 1 with a line naming $dir.damaged"
+    fi
+  fi
+  if [ -z "$why" ]; then ok "$name: $(grep '^warning: ' "$out" | cut -c1-160)"; else
+    not_ok "$name" "$why"
+    show "$out"
+  fi
+}
+
+# sums DIR OUT: sha256sum of every file of DIR, relative to it.
+sums() { (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) >"$2"; }
+
 R="$TMP/g"
 cp -a "$GOOD" "$R"
 F="$R/checkpoints/step_00000020/$SHARD1"
 flip_byte "$F" $(($(stat -c %s "$F") / 2))
+sums "$R/checkpoints/step_00000020" "$TMP/g.sums"
 auto_case "--resume auto with the newest checkpoint (20) corrupt falls back to step 10" "$R" \
   "$R/checkpoints/step_00000010"
+damaged_kept "the corrupt step 20 is moved aside intact, not written over by the new step 20" "$R.out" \
+  "$R/checkpoints/step_00000020" "$TMP/g.sums" "XXH3"
+
+# The scenario as a user met it: 2 ranks, a small MLP, saves at 5 and 10; one shard of step 10 deleted; --resume auto
+# to step 12 must say so, resume from 5, and leave the damaged step 10's files as they were.
+R="$TMP/m"
+train_run "small run: 10 steps, saves at 5 and 10" "$TMP/m0.out" --set 'model.mlp.hidden=[64]' --set train.steps=10 \
+  --set checkpoint.every_steps=5 --run-dir "$R"
+rm "$R/checkpoints/step_00000010/$SHARD1"
+sums "$R/checkpoints/step_00000010" "$TMP/m.sums"
+train_run "resume auto to step 12 with step 10's shard 1 deleted" "$R.out" --set 'model.mlp.hidden=[64]' \
+  --set train.steps=12 --set checkpoint.every_steps=5 --run-dir "$R" --resume auto
+if grep -q "^resumed from $R/checkpoints/step_00000005 (step 5" "$R.out"; then ok "it resumed from step 5"; else
+  not_ok "resume choice" "$(grep -m1 '^resumed' "$R.out")"
+fi
+damaged_kept "the damaged step 10 is named and moved aside intact" "$R.out" "$R/checkpoints/step_00000010" \
+  "$TMP/m.sums" "$R/checkpoints/step_00000010/$SHARD1: missing"
+
+# A save of a step whose directory is damaged (resumed from 10 by path; step 20's shard deleted) and keep_last
+# pruning that reaches a damaged checkpoint (step 10's shard cut short, keep_last 1) move it aside.
+R="$TMP/s"
+cp -a "$GOOD" "$R"
+rm "$R/checkpoints/step_00000020/$SHARD0"
+sums "$R/checkpoints/step_00000020" "$TMP/s.sums"
+train_run "resume from step 10 by path with a damaged step 20 in the way" "$R.out" --set train.steps=20 \
+  --run-dir "$R" --resume "$R/checkpoints/step_00000010"
+damaged_kept "the save of step 20 moved the damaged one aside" "$R.out" "$R/checkpoints/step_00000020" "$TMP/s.sums" \
+  "$SHARD0: missing"
+R="$TMP/p"
+cp -a "$GOOD" "$R"
+truncate -s -100 "$R/checkpoints/step_00000010/$SHARD1"
+sums "$R/checkpoints/step_00000010" "$TMP/p.sums"
+train_run "resume from step 20 with keep_last 1 and a damaged step 10" "$R.out" --set train.steps=30 \
+  --set checkpoint.keep_last=1 --run-dir "$R" --resume "$R/checkpoints/step_00000020"
+damaged_kept "keep_last pruning moved the damaged step 10 aside instead of removing it" "$R.out" \
+  "$R/checkpoints/step_00000010" "$TMP/p.sums" "$SHARD1"
+if [ ! -e "$R/checkpoints/step_00000020" ] && [ -f "$R/checkpoints/step_00000030/manifest.pb" ]; then
+  ok "keep_last 1 still pruned the whole step 20"
+else
+  not_ok "keep_last 1" "$(ls "$R/checkpoints" | tr '\n' ' ')"
+fi
+
+# A whole checkpoint of another model under --resume auto: not damage, a shared run directory; refused, unchanged.
+R="$TMP/x"
+cp -a "$TMP/small" "$R"
+snapshot "$R" >"$R.before"
+timeout 120 "${MPIRUN[@]}" "$AMPDIST" "${TRAIN[@]}" --set train.steps=30 --run-dir "$R" --resume auto \
+  >"$R.out" 2>&1 </dev/null
+rc=$?
+snapshot "$R" >"$R.after"
+if [ "$rc" -eq 2 ] && [ "$(grep -c . "$R.out")" -eq 1 ] &&
+  grep -q "^ampdist: error: $R/checkpoints/step_00000020: .*checkpoint of another model.*--resume auto does not pass over" "$R.out" &&
+  cmp -s "$R.before" "$R.after"; then
+  ok "--resume auto refuses a whole checkpoint of another model (exit 2, one line, nothing changed)"
+else
+  not_ok "--resume auto with another model's checkpoint" "exit $rc, files $(cmp -s "$R.before" "$R.after" && echo same || echo changed)"
+  show "$R.out"
+fi
 
 # A save of step 30 interrupted: a .tmp directory with partial files (a shard half written, even a manifest).
 R="$TMP/h"

@@ -8,7 +8,10 @@
 #  3. save error (a full disk on one rank): CONTINUE keeps training with the previous checkpoint intact; STOP stops
 #     with exit code 1, previous checkpoint intact;
 #  4. max_consecutive_skips: non-finite gradients at every step stop the run with a message naming the limit;
-#  5. poisoned input on one rank with on_nonfinite DROP_RANK: no step skipped, the drop counted in metrics.jsonl.
+#  5. poisoned input on one rank with on_nonfinite DROP_RANK: no step skipped, the drop counted in metrics.jsonl;
+#  6. SIGTERM to mpirun while a checkpoint is being written (rank 1's shard held open by fault.slow_save): mpirun passes
+#     it on and ends the ranks about a second later, before the save completes. Rank 0 says at once what was being
+#     written and which checkpoint is the newest complete one; that one verifies and --resume auto resumes from it.
 # Usage: test_faults.sh AMPDIST_BINARY SOURCE_DIR
 source "$(dirname "$0")/lib.sh" faults "$@"
 run() {  # run NP OUT ARGS...
@@ -137,5 +140,36 @@ import json, sys
 s = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][-1]
 assert s["skipped_steps"] == 0 and s["dropped_rank_steps"] == 1, s
 PY
+
+# 6. SIGTERM to mpirun during a checkpoint write
+dir="$TMP/sigterm"
+ck="$dir/checkpoints"
+( AMPDIST_FAULT='slow_save { step: 50 rank: 1 seconds: 60 }' run 2 "$TMP/sigterm.txt" "${cfg[@]}" --run-dir "$dir" \
+    --set train.steps=75 --set checkpoint.keep_last=0
+  echo $? > "$TMP/sigterm.rc" ) &
+for _ in $(seq 1 600); do  # rank 1's shard of step 50 exists: it is now held open for 60 s
+  [ -e "$ck/.tmp_step_00000050/shard_00001_of_00002.pb" ] && break
+  sleep 0.1
+done
+pkill -TERM -f "^mpirun -q --oversubscribe -np 2 $AMPDIST train --config $TMP/job.pbtxt --run-dir $dir( |$)"
+wait
+rc=$(cat "$TMP/sigterm.rc")
+want="ampdist: SIGTERM received while writing checkpoint $ck/step_00000050: the ranks finish it, then save and stop"
+want2="if the job is ended before $ck/step_00000050 is published, the newest complete checkpoint is $ck/step_00000025"
+n=$(grep -c "SIGTERM" "$TMP/sigterm.txt")
+if [ "$rc" != 0 ] && [ "$n" -eq 1 ] && grep -Fq "$want" "$TMP/sigterm.txt" && grep -Fq "$want2" "$TMP/sigterm.txt" &&
+  [ ! -e "$ck/step_00000050" ] && "$AMPDIST" ckpt verify "$ck/step_00000025" > /dev/null 2>&1; then
+  ok "SIGTERM to mpirun during the save of step 50: exit $rc, one line naming it and step 25 (which verifies)"
+else
+  not_ok "SIGTERM during a save" "exit $rc, $n lines mention SIGTERM; $(ls -a "$ck" | tr '\n' ' ')"
+  show "$TMP/sigterm.txt"
+fi
+no_leftovers "SIGTERM during a save" "$dir"
+run 2 "$TMP/sigterm_resume.txt" "${cfg[@]}" --run-dir "$dir" --set train.steps=75 --set checkpoint.keep_last=0 \
+  --resume auto
+rc=$?
+[ $rc -eq 0 ] && grep -q "^resumed from $ck/step_00000025 (step 25" "$TMP/sigterm_resume.txt" &&
+  ok "after it, --resume auto resumed from step 25 and finished" ||
+  not_ok "resume after SIGTERM during a save" "exit $rc: $(grep -m1 -e resumed -e error "$TMP/sigterm_resume.txt")"
 
 exit "$FAILED"

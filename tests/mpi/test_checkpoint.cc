@@ -2,6 +2,7 @@
 // save -> load -> save byte-identity, and loading on another world size (sub-communicators of this MPI world stand
 // in for a job started again on fewer or more ranks). A resumed trainer is a new Trainer object that gets every bit
 // of its state from the checkpoint, as new processes would.
+#include <cstdio>
 #include <fstream>
 
 #include "test_util.h"
@@ -218,6 +219,52 @@ TEST(Checkpoint, KeepLastPrunesOnlyAfterTheNewOneIsComplete) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step_00000003", "step_00000004"}));
   EXPECT_EQ(find_latest_checkpoint(tmp.path()).value(), tmp.path() + "/step_00000004");
+}
+
+// A damaged checkpoint in the way of a save is evidence: a save of the same step moves it aside to step_N.damaged
+// (then .damaged.2, never onto an existing name) with its files unchanged and says so; a whole one is replaced.
+TEST(Checkpoint, ASaveMovesADamagedCheckpointOfItsStepAsideAndReplacesAWholeOne) {
+  MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
+  SharedTempDir tmp(comm);
+  auto t = make_trainer(config(job("train { steps: 10 }")), comm);
+  t->step();
+  const std::string path = save_checkpoint(comm, t->checkpoint_state(), tmp.path(), 0);
+  char name[64];
+  std::snprintf(name, sizeof name, "/shard_00000_of_%05d.pb", comm.world_size());
+  const std::string shard = path + name;
+  std::vector<std::string> warnings;
+  // Whole: replaced, no warning.
+  save_checkpoint(comm, t->checkpoint_state(), tmp.path(), 0, nullptr, &warnings);
+  EXPECT_TRUE(warnings.empty());
+  for (int round = 1; round <= 2; ++round) {
+    std::string manifest;
+    if (comm.rank() == 0) {
+      EXPECT_EQ(whole_checkpoint_problem(path), "");
+      manifest = slurp(path + "/manifest.pb");
+      std::filesystem::remove(shard);
+      EXPECT_EQ(whole_checkpoint_problem(path), shard + ": missing");
+    }
+    comm.barrier("test");
+    warnings.clear();
+    save_checkpoint(comm, t->checkpoint_state(), tmp.path(), 0, nullptr, &warnings);
+    if (comm.rank() == 0) {
+      const std::string aside = path + (round == 1 ? ".damaged" : ".damaged.2");
+      ASSERT_EQ(warnings.size(), 1u);
+      EXPECT_EQ(warnings[0], path + " was damaged (" + shard + ": missing): moved aside to " + aside +
+                                 ", not written over");
+      EXPECT_EQ(slurp(aside + "/manifest.pb"), manifest);
+      EXPECT_FALSE(std::filesystem::exists(aside + "/" + std::filesystem::path(shard).filename().string()));
+      EXPECT_TRUE(is_moved_aside(std::filesystem::path(aside).filename().string()));
+      EXPECT_TRUE(verify_checkpoint(path).empty());
+    } else {
+      EXPECT_TRUE(warnings.empty()) << "only rank 0 publishes, and says so";
+    }
+    comm.barrier("test");
+  }
+  EXPECT_FALSE(is_moved_aside("step_00000001"));
+  EXPECT_FALSE(is_moved_aside("step_00000001.damaged."));
+  EXPECT_FALSE(is_moved_aside("step_0000001.damaged"));
+  EXPECT_EQ(scan_for_resume(tmp.path()).candidates, std::vector<std::string>{path});
 }
 
 // ---- another world size --------------------------------------------------------------------------------------

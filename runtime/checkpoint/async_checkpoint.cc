@@ -1,0 +1,84 @@
+#include "runtime/checkpoint/async_checkpoint.h"
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "runtime/core/error.h"
+
+namespace ampdist {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+AsyncCheckpointer::AsyncCheckpointer(Communicator& comm, std::string dir, int keep_last, const FaultConfig* faults)
+    : comm_(comm), dir_(std::move(dir)), keep_last_(keep_last), faults_(faults) {}
+
+AsyncCheckpointer::~AsyncCheckpointer() {
+  if (writer_.joinable()) writer_.join();
+}
+
+double AsyncCheckpointer::start(const CheckpointState& state, std::optional<Published>* finished) {
+  double waited = 0;
+  if (pending_) {
+    const double t0 = now_s();
+    if (!written_.load()) writer_.join();  // the step waits for the disk: only here
+    waited = now_s() - t0;
+    std::optional<Published> p = drain();
+    if (finished) *finished = std::move(p);
+  }
+  target_ = prepare_save(comm_, state, dir_);
+  meta_ = state.meta;
+  names_.clear();
+  staging_.resize(state.buffers.size());
+  for (size_t i = 0; i < state.buffers.size(); ++i) {
+    names_.push_back(state.buffers[i].first);
+    staging_[i].ensure({target_.count}, DType::kFloat32);
+    const float* src = state.buffers[i].second->data_as<float>() + (target_.begin - state.begin);
+    std::memcpy(staging_[i].data(), src, static_cast<size_t>(target_.count) * sizeof(float));
+  }
+  CheckpointState staged;
+  staged.meta = meta_;  // write_shard reads the run id only
+  staged.numel = target_.numel;
+  staged.begin = target_.begin;
+  staged.record_elements = target_.per_record;
+  for (size_t i = 0; i < staging_.size(); ++i) staged.buffers.emplace_back(names_[i], &staging_[i]);
+  written_.store(false);
+  pending_ = true;
+  started_ = now_s();
+  const int rank = comm_.rank(), world = comm_.world_size();
+  writer_ = std::thread([this, staged = std::move(staged), rank, world] {
+    result_ = write_own_shard(target_, staged, rank, world, faults_);
+    written_.store(true);
+  });
+  return waited;
+}
+
+std::optional<AsyncCheckpointer::Published> AsyncCheckpointer::poll() {
+  if (!pending_) return std::nullopt;
+  int64_t writing[1] = {written_.load() ? 0 : 1};
+  comm_.allreduce_i64(writing, ReduceOp::kMax, "asynchronous checkpoint progress all-reduce");
+  if (writing[0] != 0) return std::nullopt;  // some rank is still writing
+  return commit();
+}
+
+std::optional<AsyncCheckpointer::Published> AsyncCheckpointer::drain() {
+  if (!pending_) return std::nullopt;
+  return commit();
+}
+
+std::optional<AsyncCheckpointer::Published> AsyncCheckpointer::commit() {
+  if (writer_.joinable()) writer_.join();
+  pending_ = false;
+  Published p;
+  p.step = target_.step;
+  p.path = commit_save(comm_, target_, meta_, names_, result_, keep_last_, &p.warnings);
+  p.seconds = now_s() - started_;
+  return p;
+}
+
+}  // namespace ampdist

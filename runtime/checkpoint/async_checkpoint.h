@@ -1,0 +1,78 @@
+// Asynchronous checkpoint saves (checkpoint.async: true): the step pays only for copying this rank's shard of the
+// state into a staging buffer; a background thread writes, hashes and fsyncs the shard while training goes on; and
+// the ranks commit with save_checkpoint's own protocol (commit_save: the manifest is published only when every
+// rank's shard is durable, then `latest`, then pruning) at the first step boundary where every rank's write is done.
+// The file format is the blocking save's, so loading, resharding, ZeRO-1 slices and export do not tell them apart.
+//
+// Contract (the same on every rank, like every collective): start() at the same save steps, poll() at every step
+// boundary while in_flight(), drain() before a save that must be on disk (the stop-save, the final save) and before
+// the run ends. At most one save is in flight per rank; start() while one is drains it first, which is the only
+// time a step waits for the disk (waited_s says how long). A crash at any point leaves the previous checkpoint as
+// the newest complete one: the new one is only ever a .tmp_step_* directory until commit_save renames it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/checkpoint/checkpoint.h"
+
+namespace ampdist {
+
+class AsyncCheckpointer {
+ public:
+  // `dir` as save_checkpoint's; `faults` (may be null) outlives this object.
+  AsyncCheckpointer(Communicator& comm, std::string dir, int keep_last, const FaultConfig* faults);
+  // Waits for this rank's background write, if any; never publishes (drain() does, collectively).
+  ~AsyncCheckpointer();
+  AsyncCheckpointer(const AsyncCheckpointer&) = delete;
+  AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
+
+  // A checkpoint published by poll() or drain().
+  struct Published {
+    std::string path;
+    int64_t step = 0;
+    double seconds = 0;  // from start() to the publish (wall clock, this rank)
+    std::vector<std::string> warnings;  // rank 0: damaged checkpoints moved aside (commit_save)
+  };
+
+  // Collective, at a save step. Finishes a save still in flight first (its Published in `finished`, when not
+  // null); then copies this rank's shard of every buffer of `state` and the manifest fields into the staging buffer
+  // (allocated once, reused) and starts the background write. Returns the seconds spent waiting for the previous
+  // save's write (0 when it was already done). Throws what drain() throws.
+  double start(const CheckpointState& state, std::optional<Published>* finished = nullptr);
+
+  // Collective, at each step boundary while in_flight(): one all-reduce (MAX) of the ranks' "still writing" flags
+  // (8 bytes, host MPI on both backends); when every rank's is, commits and returns what was published. Throws Error (collective, kRuntime) on every
+  // rank when a rank's write failed, as save_checkpoint does; the save is then no longer in flight.
+  std::optional<Published> poll();
+
+  // Collective: waits for this rank's background write and commits. nullopt when nothing is in flight.
+  std::optional<Published> drain();
+
+  bool in_flight() const { return pending_; }
+  int64_t in_flight_step() const { return target_.step; }
+  const std::string& in_flight_path() const { return target_.final_path; }
+
+ private:
+  std::optional<Published> commit();
+
+  Communicator& comm_;
+  std::string dir_;
+  int keep_last_;
+  const FaultConfig* faults_;
+  bool pending_ = false;
+  SaveTarget target_;
+  Manifest meta_;
+  std::vector<std::string> names_;
+  std::vector<Tensor> staging_;  // this rank's shard of each buffer
+  ShardWrite result_;
+  std::atomic<bool> written_{false};
+  std::thread writer_;
+  double started_ = 0;  // steady clock seconds at start()
+};
+
+}  // namespace ampdist
