@@ -297,4 +297,9 @@ after=$(cd "$TMP/run_ok" && find . | sort | md5sum)
 [ "$before" = "$after" ] && ok "17c: the existing run directory is as it was" ||
   not_ok "17c: the existing run directory changed" "$(cd "$TMP/run_ok" && find . | sort | head -20 | tr '\n' ' ')"
 
+# 18: two settings that contradict each other are refused at set-up, naming both (no run directory created).
+no_trace "18 optimizer.zero_stage 0 with comm.mode REDUCE_SCATTER (its deprecated alias)" "$TMP/refused18/run" \
+  "contradicts optimizer.zero_stage: 0" -- \
+  train --config "$BASE" --set optimizer.zero_stage=0 --set comm.mode=REDUCE_SCATTER
+
 exit "$FAILED"
