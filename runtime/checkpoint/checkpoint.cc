@@ -43,6 +43,20 @@ std::string shard_name(int rank, int world) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// Protobuf's base-128 varint (the length prefix of a length-delimited record, a varint field's value).
+void append_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+size_t varint_size(uint64_t v) {
+  size_t n = 1;
+  for (; v >= 0x80; v >>= 7) ++n;
+  return n;
+}
+
 // Writes all of `data` to `fd`; false with errno set on failure (a full disk included).
 bool write_all(int fd, const char* data, size_t n) {
   while (n > 0) {
@@ -114,31 +128,49 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   ShardResult r;
-  std::string buf;
+  std::string head, trailer;
   try {
     for (const auto& [name, tensor] : state.buffers) {
       const float* data = tensor->data_as<float>() - state.begin;  // indexed by flat element
       for (const auto& [off, n] : record_ranges(begin, count, per_record)) {
-        ShardRecord rec;
-        rec.set_run_id(state.meta.run_id());
-        rec.set_buffer(name);
-        rec.set_offset(off);
-        rec.set_count(n);
-        rec.set_data(reinterpret_cast<const char*>(data + off), static_cast<size_t>(n) * sizeof(float));
-        rec.set_xxh3(XXH3_64bits(rec.data().data(), rec.data().size()));
-        buf.clear();
-        {
-          pbio::StringOutputStream sos(&buf);
-          pbio::CodedOutputStream cos(&sos);
-          cos.WriteVarint32(static_cast<uint32_t>(rec.ByteSizeLong()));
-          rec.SerializeWithCachedSizes(&cos);
-        }
+        // The bytes are exactly ShardRecord{run_id, buffer, offset, count, data, xxh3} serialised length-delimited
+        // (proto2 writes set fields in field-number order), but the payload goes from the state to the file
+        // without a copy: its XXH3 first, then the header, then the payload chunk by chunk, each chunk added to the
+        // file's XXH3 while it is in cache and written from there, then the xxh3 field.
+        const char* payload = reinterpret_cast<const char*>(data + off);
+        const size_t payload_bytes = static_cast<size_t>(n) * sizeof(float);
+        const uint64_t record_xxh3 = XXH3_64bits(payload, payload_bytes);
+        ShardRecord fields;
+        fields.set_run_id(state.meta.run_id());
+        fields.set_buffer(name);
+        fields.set_offset(off);
+        fields.set_count(n);
+        const std::string before_data = fields.SerializeAsString();
+        trailer.clear();
+        trailer.push_back(static_cast<char>(ShardRecord::kXxh3FieldNumber << 3 | 0));  // varint
+        append_varint(trailer, record_xxh3);
+        const size_t record_bytes =
+            before_data.size() + 1 + varint_size(payload_bytes) + payload_bytes + trailer.size();
+        head.clear();
+        append_varint(head, record_bytes);
+        head += before_data;
+        head.push_back(static_cast<char>(ShardRecord::kDataFieldNumber << 3 | 2));  // length-delimited
+        append_varint(head, payload_bytes);
         if (fail_errno != 0) errno = fail_errno;
-        if (fail_errno != 0 || !write_all(fd, buf.data(), buf.size()))
+        if (fail_errno != 0 || !write_all(fd, head.data(), head.size()))
           throw Error(path + ": write failed: " + errno_text());
-        XXH3_64bits_update(h, buf.data(), buf.size());
-        r.bytes += static_cast<int64_t>(buf.size());
-        r.record_bytes.push_back(static_cast<int64_t>(buf.size()));
+        XXH3_64bits_update(h, head.data(), head.size());
+        constexpr size_t kChunk = size_t{1} << 20;
+        for (size_t at = 0; at < payload_bytes; at += kChunk) {
+          const size_t len = std::min(kChunk, payload_bytes - at);
+          XXH3_64bits_update(h, payload + at, len);
+          if (!write_all(fd, payload + at, len)) throw Error(path + ": write failed: " + errno_text());
+        }
+        if (!write_all(fd, trailer.data(), trailer.size())) throw Error(path + ": write failed: " + errno_text());
+        XXH3_64bits_update(h, trailer.data(), trailer.size());
+        const int64_t total = static_cast<int64_t>(head.size() + payload_bytes + trailer.size());
+        r.bytes += total;
+        r.record_bytes.push_back(total);
         ++r.records;
       }
     }

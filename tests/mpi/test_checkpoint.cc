@@ -205,6 +205,44 @@ TEST(Checkpoint, SaveLoadSaveIsByteIdentical) {
   }
 }
 
+// The writer streams each record's payload from the state to the file; its bytes must be exactly what protobuf
+// serialises for the same ShardRecord (readers parse them with protobuf), record after record.
+TEST(Checkpoint, ShardRecordsAreProtobufsOwnSerialisation) {
+  MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
+  SharedTempDir tmp(comm);
+  auto t = make_trainer(config(job("train { steps: 10 }")), comm);
+  t->set_run_id("0123456789abcdef");
+  t->step();
+  CheckpointState state = t->checkpoint_state();
+  state.record_elements = 10;  // several records per buffer, the last one short
+  const std::string path = save_checkpoint(comm, state, tmp.path(), 0);
+  char name[64];
+  std::snprintf(name, sizeof name, "/shard_%05d_of_%05d.pb", comm.rank(), comm.world_size());
+  const std::string bytes = slurp(path + name);
+  size_t at = 0;
+  int records = 0;
+  while (at < bytes.size()) {
+    uint64_t len = 0;
+    int shift = 0;
+    size_t p = at;
+    for (;; shift += 7) {
+      const auto b = static_cast<unsigned char>(bytes.at(p++));
+      len |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (b < 0x80) break;
+    }
+    const std::string record = bytes.substr(p, len);
+    ShardRecord rec;
+    ASSERT_TRUE(rec.ParseFromString(record)) << "record " << records;
+    EXPECT_EQ(rec.SerializeAsString(), record) << "record " << records;
+    EXPECT_EQ(rec.data().size(), static_cast<size_t>(rec.count()) * 4);
+    EXPECT_EQ(rec.run_id(), "0123456789abcdef");
+    at = p + len;
+    ++records;
+  }
+  EXPECT_EQ(at, bytes.size());
+  EXPECT_GT(records, 3);
+}
+
 TEST(Checkpoint, KeepLastPrunesOnlyAfterTheNewOneIsComplete) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   SharedTempDir tmp(comm);
