@@ -416,6 +416,71 @@ void check_compatible(const std::string& path, const Manifest& m, const Checkpoi
 // Reads elements [tb, te) of every buffer in `buffers` (name -> te - tb floats) from the records of the shards
 // that overlap them, located by ShardFileInfo.record_bytes; each record read is checked (parse, run id, buffer,
 // range, XXH3). Problems are collected, not thrown.
+// A ShardRecord's fields as read_record_fields finds them: the payload is located (data_at: its first byte, from
+// the start of the length-delimited record), not read.
+struct RecordFields {
+  std::string run_id, buffer;
+  int64_t offset = -1, count = -1;
+  int64_t data_at = -1, data_bytes = -1;
+  uint64_t xxh3 = 0;
+  bool has_xxh3 = false;
+};
+
+// Reads the length-delimited ShardRecord of `len` bytes at `pos` of `fd` without its payload: the length prefix
+// and the fields before the payload (protobuf's order: run_id, buffer, offset, count, then data), then, after the
+// payload, the xxh3 field. False when the bytes are not such a record of exactly `len` bytes (an unknown, repeated or
+// misplaced field included: the writer writes each field once, in this order).
+bool read_record_fields(int fd, int64_t pos, int64_t len, RecordFields& r) {
+  char head[1024];  // run_id and buffer are at most 256 bytes each
+  const int64_t want = std::min<int64_t>(len, sizeof head);
+  if (len <= 0 || ::pread(fd, head, static_cast<size_t>(want), pos) != want) return false;
+  pbio::CodedInputStream in(reinterpret_cast<const uint8_t*>(head), static_cast<int>(want));
+  uint32_t rec_len = 0;
+  if (!in.ReadVarint32(&rec_len) || in.CurrentPosition() + static_cast<int64_t>(rec_len) != len) return false;
+  int last = 0;
+  for (;;) {
+    const uint32_t tag = in.ReadTag();
+    const int field = static_cast<int>(tag >> 3);
+    if (tag == 0 || field <= last) return false;
+    last = field;
+    uint64_t v = 0;
+    uint32_t n = 0;
+    switch (field) {
+      case ShardRecord::kRunIdFieldNumber:
+        if ((tag & 7) != 2 || !in.ReadVarint32(&n) || n > 256 || !in.ReadString(&r.run_id, static_cast<int>(n))) return false;
+        break;
+      case ShardRecord::kBufferFieldNumber:
+        if ((tag & 7) != 2 || !in.ReadVarint32(&n) || n > 256 || !in.ReadString(&r.buffer, static_cast<int>(n))) return false;
+        break;
+      case ShardRecord::kOffsetFieldNumber:
+        if ((tag & 7) != 0 || !in.ReadVarint64(&v)) return false;
+        r.offset = static_cast<int64_t>(v);
+        break;
+      case ShardRecord::kCountFieldNumber:
+        if ((tag & 7) != 0 || !in.ReadVarint64(&v)) return false;
+        r.count = static_cast<int64_t>(v);
+        break;
+      case ShardRecord::kDataFieldNumber: {
+        if ((tag & 7) != 2 || !in.ReadVarint32(&n)) return false;
+        r.data_at = in.CurrentPosition();
+        r.data_bytes = n;
+        const int64_t rest = len - (r.data_at + r.data_bytes);  // the xxh3 field: tag and varint, 2 to 11 bytes
+        if (rest < 2 || rest > 11) return false;
+        uint8_t tail[11];
+        if (::pread(fd, tail, static_cast<size_t>(rest), pos + r.data_at + r.data_bytes) != rest) return false;
+        pbio::CodedInputStream t(tail, static_cast<int>(rest));
+        if (t.ReadTag() != (ShardRecord::kXxh3FieldNumber << 3 | 0) || !t.ReadVarint64(&r.xxh3) ||
+            t.CurrentPosition() != rest)
+          return false;
+        r.has_xxh3 = true;
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+}
+
 void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t te,
                 std::map<std::string, std::vector<float>>& buffers, Problems& p, LoadStats& stats) {
   const int world = m.world_size();
@@ -477,7 +542,8 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
     }
     int64_t at = 0;
     int k = 0;
-    std::string bytes;
+    std::string chunk;
+    XXH3_state_t* hash = XXH3_createState();
     for (int b = 0; b < m.buffers_size() && p.lines.empty(); ++b) {
       for (const auto& [off, n] : ranges) {
         const int64_t len = info.record_bytes(k);
@@ -487,41 +553,48 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
         if (off >= hi || off + n <= lo) continue;  // a record outside the range is not read
         auto it = buffers.find(m.buffers(b));
         if (it == buffers.end()) continue;
-        bytes.resize(static_cast<size_t>(len));
-        if (::pread(fd, bytes.data(), bytes.size(), pos) != len) {
-          p.add(file + ": record " + std::to_string(index) + " cannot be read");
+        // The record is read in pieces, never whole: its fields up to the payload, then the payload in 1 MiB chunks,
+        // each hashed and copied to its place while in cache, then the xxh3 field.
+        RecordFields rec;
+        if (!read_record_fields(fd, pos, len, rec)) {
+          p.add(file + ": record " + std::to_string(index) + " does not parse");
           break;
         }
         stats.bytes_read += len;
         ++stats.records;
-        pbio::CodedInputStream header(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                      static_cast<int>(std::min<int64_t>(len, 10)));
-        uint32_t rec_len = 0;
-        ShardRecord rec;
-        const bool has_len = header.ReadVarint32(&rec_len);
-        const int64_t start = header.CurrentPosition();
-        if (!has_len || start + static_cast<int64_t>(rec_len) != len ||
-            !rec.ParseFromArray(bytes.data() + start, static_cast<int>(rec_len))) {
-          p.add(file + ": record " + std::to_string(index) + " does not parse");
-          break;
-        }
-        if (rec.run_id() != m.run_id()) {
-          p.add(file + ": belongs to run " + rec.run_id() + ", the manifest to run " + m.run_id() +
+        if (rec.run_id != m.run_id()) {
+          p.add(file + ": belongs to run " + rec.run_id + ", the manifest to run " + m.run_id() +
                 " (a manifest from another run?)");
           break;
         }
-        if (rec.buffer() != m.buffers(b) || rec.offset() != off || rec.count() != n ||
-            rec.data().size() != static_cast<size_t>(n) * sizeof(float) ||
-            XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
+        const bool shape_ok = rec.buffer == m.buffers(b) && rec.offset == off && rec.count == n &&
+                              rec.data_bytes == n * static_cast<int64_t>(sizeof(float));
+        const int64_t c0 = std::max(off, lo), c1 = std::min(off + n, hi);
+        // Bytes [d0, d1) of the payload go to the buffer from element c0 - tb on.
+        const int64_t d0 = (c0 - off) * static_cast<int64_t>(sizeof(float)),
+                      d1 = (c1 - off) * static_cast<int64_t>(sizeof(float));
+        char* dest = reinterpret_cast<char*>(it->second.data() + (c0 - tb));
+        XXH3_64bits_reset(hash);
+        constexpr int64_t kChunk = int64_t{1} << 20;
+        chunk.resize(static_cast<size_t>(std::min<int64_t>(kChunk, std::max<int64_t>(rec.data_bytes, 1))));
+        bool read_ok = shape_ok;
+        for (int64_t at_data = 0; read_ok && at_data < rec.data_bytes; at_data += kChunk) {
+          const int64_t clen = std::min(kChunk, rec.data_bytes - at_data);
+          read_ok = ::pread(fd, chunk.data(), static_cast<size_t>(clen), pos + rec.data_at + at_data) == clen;
+          if (!read_ok) break;
+          XXH3_64bits_update(hash, chunk.data(), static_cast<size_t>(clen));
+          const int64_t lo_b = std::max(at_data, d0), hi_b = std::min(at_data + clen, d1);
+          if (lo_b < hi_b)
+            std::memcpy(dest + (lo_b - d0), chunk.data() + (lo_b - at_data), static_cast<size_t>(hi_b - lo_b));
+        }
+        if (!read_ok || XXH3_64bits_digest(hash) != rec.xxh3) {
           p.add(file + ": record " + std::to_string(index) + " (" + m.buffers(b) + ") fails its XXH3 or range check");
           break;
         }
-        const int64_t c0 = std::max(off, lo), c1 = std::min(off + n, hi);
-        std::memcpy(it->second.data() + (c0 - tb), rec.data().data() + (c0 - off) * sizeof(float),
-                    static_cast<size_t>(c1 - c0) * sizeof(float));
         covered[m.buffers(b)] += c1 - c0;
       }
     }
+    XXH3_freeState(hash);
     ::close(fd);
   }
   if (!p.lines.empty()) return;
