@@ -1,9 +1,11 @@
 #include "runtime/checkpoint/async_checkpoint.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <utility>
 
+#include "runtime/core/device.h"
 #include "runtime/core/error.h"
 
 namespace ampdist {
@@ -20,6 +22,8 @@ AsyncCheckpointer::AsyncCheckpointer(Communicator& comm, std::string dir, int ke
 
 AsyncCheckpointer::~AsyncCheckpointer() {
   if (writer_.joinable()) writer_.join();
+  staging_.clear();
+  for (void* p : pinned_) device::free_host(p);
 }
 
 double AsyncCheckpointer::start(const CheckpointState& state, std::optional<Published>* finished) {
@@ -35,11 +39,27 @@ double AsyncCheckpointer::start(const CheckpointState& state, std::optional<Publ
   meta_ = state.meta;
   names_.clear();
   staging_.resize(state.buffers.size());
+  const size_t bytes = static_cast<size_t>(target_.count) * sizeof(float);
+  const bool on_device = std::any_of(state.buffers.begin(), state.buffers.end(),
+                                     [](const auto& b) { return b.second->device() != Device::kCPU; });
+  if (on_device && (pinned_.size() != state.buffers.size() || pinned_bytes_ < bytes)) {
+    staging_.assign(state.buffers.size(), Tensor());
+    for (void* p : pinned_) device::free_host(p);
+    pinned_.assign(state.buffers.size(), nullptr);
+    for (void*& p : pinned_) p = device::alloc_host(bytes);
+    pinned_bytes_ = bytes;
+  }
   for (size_t i = 0; i < state.buffers.size(); ++i) {
     names_.push_back(state.buffers[i].first);
-    staging_[i].ensure({target_.count}, DType::kFloat32);
-    const float* src = state.buffers[i].second->data_as<float>() + (target_.begin - state.begin);
-    std::memcpy(staging_[i].data(), src, static_cast<size_t>(target_.count) * sizeof(float));
+    const Tensor& from = *state.buffers[i].second;
+    const float* src = from.data_as<float>() + (target_.begin - state.begin);
+    if (from.device() == Device::kCPU) {
+      staging_[i].ensure({target_.count}, DType::kFloat32);
+      std::memcpy(staging_[i].data(), src, bytes);
+      continue;
+    }
+    staging_[i] = Tensor::view(pinned_[i], {target_.count}, DType::kFloat32);
+    device::copy(pinned_[i], Device::kCPU, src, from.device(), bytes);
   }
   CheckpointState staged;
   staged.meta = meta_;  // write_shard reads the run id only

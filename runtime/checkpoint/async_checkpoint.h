@@ -40,8 +40,9 @@ class AsyncCheckpointer {
   };
 
   // Collective, at a save step. Finishes a save still in flight first (its Published in `finished`, when not
-  // null); then copies this rank's shard of every buffer of `state` and the manifest fields into the staging buffer
-  // (allocated once, reused) and starts the background write. Returns the seconds spent waiting for the previous
+  // null); then copies this rank's shard of every buffer of `state` (host tensors, or device tensors:
+  // Trainer::checkpoint_state(true); one device -> host copy, which waits for the compute stream) and the manifest
+  // fields into the staging buffer (allocated once, reused) and starts the background write. Returns the seconds spent waiting for the previous
   // save's write (0 when it was already done). Throws what drain() throws.
   double start(const CheckpointState& state, std::optional<Published>* finished = nullptr);
 
@@ -68,7 +69,11 @@ class AsyncCheckpointer {
   SaveTarget target_;
   Manifest meta_;
   std::vector<std::string> names_;
-  std::vector<Tensor> staging_;  // this rank's shard of each buffer
+  // This rank's shard of each buffer: host Tensors, or for device state page-locked memory (device::alloc_host)
+  // so that the one device -> host copy per save is a DMA, viewed by Tensors.
+  std::vector<Tensor> staging_;
+  std::vector<void*> pinned_;
+  size_t pinned_bytes_ = 0;  // of each pinned_ block
   ShardWrite result_;
   std::atomic<bool> written_{false};
   std::thread writer_;

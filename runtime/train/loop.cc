@@ -136,7 +136,7 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
       int64_t failed_step = async->in_flight() ? async->in_flight_step() : step;
       try {
         std::optional<AsyncCheckpointer::Published> before;
-        const double waited = async->start(trainer.checkpoint_state(), &before);
+        const double waited = async->start(trainer.checkpoint_state(/*device_buffers=*/true), &before);
         if (before) published(before->path, before->step, before->seconds, before->warnings);
         failed_step = step;
         update_activity([&](Activity& a) { a.saving = async->in_flight_path(); });

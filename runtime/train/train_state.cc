@@ -104,7 +104,7 @@ void Trainer::write_state() {
   state_->write(s);
 }
 
-CheckpointState Trainer::checkpoint_state() {
+CheckpointState Trainer::checkpoint_state(bool device_buffers) {
   read_now();  // the host's scaler and step count as of the last step
   CheckpointState s;
   Manifest& m = s.meta;
@@ -147,7 +147,7 @@ CheckpointState Trainer::checkpoint_state() {
   m.set_master_xxh3(master_hash());
   s.numel = masters_->numel();
   s.begin = masters_->slice_begin();  // 0 when replicated: the tensors are then the whole buffers
-  if (device_ == Device::kCPU) {
+  if (device_ == Device::kCPU || device_buffers) {
     s.buffers.emplace_back("master", &masters_->master());
     for (auto& b : optimizer_->state()) s.buffers.push_back(b);
     return s;

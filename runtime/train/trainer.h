@@ -102,7 +102,10 @@ class Trainer {
   const StepStateBuffer& step_state() const { return *state_; }
 
   // The state a checkpoint saves, as views (run_id: the run's identity, kept across resumes). Reads the step state.
-  CheckpointState checkpoint_state();
+  // On the GPU the buffers are host copies of the device state (for save_checkpoint and load_checkpoint), or with
+  // `device_buffers` the device tensors themselves (for AsyncCheckpointer, which copies only its shard, to
+  // page-locked staging).
+  CheckpointState checkpoint_state(bool device_buffers = false);
   // Continues from a loaded checkpoint's manifest: iteration, loss scaler, optimizer step count, sampler position.
   // The buffers themselves were filled by load_checkpoint through checkpoint_state(). When the checkpoint's working
   // dtype or loss-scale mode differs from this run's, the saved scaler state is not used: this run's scaler starts

@@ -20,6 +20,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <limits>
 #include <memory>
 #include <random>
@@ -28,6 +31,7 @@
 
 #include "runtime/ampdist.h"
 #include "runtime/amp/step_state_buffer.h"
+#include "runtime/checkpoint/async_checkpoint.h"
 #include "comm/cuda/consensus_kernels.h"
 #include "tests/gpu/bounds.h"
 #include "tests/gpu/gelu_bound.h"
@@ -623,6 +627,40 @@ TEST(GpuTraining, MlpTrainsInEveryPrecisionAndFp32TracksTheCpu) {
     const std::vector<uint64_t> h = comm.allgather_u64(t->masters().hash(), "hash");
     for (uint64_t x : h) EXPECT_EQ(x, h[0]) << "master weights differ across ranks";
   }
+}
+
+// ---- an asynchronous checkpoint from device state --------------------------------------------------------------
+
+// AsyncCheckpointer copies only this rank's shard of the device buffers to page-locked staging and writes it on a
+// thread; the files must be those of a blocking save of the same state (the manifest aside: it holds the path-free
+// state, so it is compared whole too), and the checkpoint must load back bit for bit.
+TEST(GpuCheckpoint, AnAsyncSaveFromDeviceBuffersWritesTheBlockingSavesBytes) {
+  REQUIRE_GPU_PER_RANK();
+  NcclCommunicator& comm = nccl();
+  testing::SharedTempDir a(comm), b(comm);
+  auto t = make_trainer(cfg_of(synthetic_job("BF16")), comm);
+  t->set_run_id("0123456789abcdef");
+  for (int i = 0; i < 5; ++i) t->step();
+  const std::string blocking = save_checkpoint(comm, t->checkpoint_state(), a.path(), 0);
+  AsyncCheckpointer async(comm, b.path(), 0, nullptr);
+  async.start(t->checkpoint_state(/*device_buffers=*/true));
+  ASSERT_TRUE(async.in_flight());
+  const std::optional<AsyncCheckpointer::Published> p = async.drain();
+  ASSERT_TRUE(p.has_value());
+  if (comm.rank() == 0) {
+    for (const auto& e : std::filesystem::directory_iterator(blocking)) {
+      const std::string name = e.path().filename().string();
+      std::ifstream x(e.path(), std::ios::binary), y(p->path + "/" + name, std::ios::binary);
+      const std::string bx((std::istreambuf_iterator<char>(x)), std::istreambuf_iterator<char>());
+      const std::string by((std::istreambuf_iterator<char>(y)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(bx, by) << name << " differs between the blocking and the asynchronous save";
+    }
+  }
+  const uint64_t before = t->masters().hash();
+  auto r = make_trainer(cfg_of(synthetic_job("BF16")), comm);
+  CheckpointState into = r->checkpoint_state();
+  r->restore(load_checkpoint(comm, p->path, into));
+  EXPECT_EQ(r->masters().hash(), before);
 }
 
 // ---- the step's modes and observers on the GPU against the CPU backend -------------------------------------------
