@@ -5,13 +5,15 @@
 #   asan+ubsan unit         the unit tests, leak detection on with no suppressions
 #   asan+ubsan mpi np1/np2  the multi-rank tests under mpirun -np 1 and 2; leaks allocated inside OpenMPI and the
 #                           libraries under it are suppressed by launch/setup/lsan.supp
-#   asan+ubsan train np2    a short run of the ampdist program on synthetic data on 2 ranks
+#   asan+ubsan train np2    a short run of the ampdist program on synthetic data on 2 ranks, with asynchronous
+#                           checkpoints every 10 steps
 #   tsan unit               the unit tests, once
 #   tsan loader             the Loader tests (the prefetch thread) 200 times over, for more interleavings
 #   tsan mpi np1/np2        the multi-rank tests (the communicator's Watchdog thread next to MPI) except C8, whose
 #                           3.5 GB of logits would take over 17 GB under TSan's shadow memory; reports lying wholly
 #                           inside OpenMPI (not instrumented) are suppressed by launch/setup/tsan.supp
-#   tsan train np2          the ampdist program on 2 ranks: Loader, Watchdog and MPI together
+#   tsan train np2          the ampdist program on 2 ranks: Loader, Watchdog, the asynchronous checkpoint writer
+#                           and MPI together
 # Any ASan, UBSan, LSan or TSan report ends the process with a non-zero exit code, which fails its job. One line
 # per job, "ok - <job> (<s> s)" or "not ok - <job> ..." followed by the end of its log; exits 1 if any job failed.
 # Logs: build-asan/sanitize-*.log, build-tsan/sanitize-*.log.
@@ -83,6 +85,7 @@ optimizer { sgd { momentum: 0.9 } lr: 0.05 accumulation_steps: 2 }
 precision { dtype: FP16 }
 train { epochs: 3 eval_every_steps: 40 }
 log { every_steps: 20 }
+checkpoint { every_steps: 10 async: true keep_last: 2 }
 EOF
   launch "$1" 2 "$root/$1/ampdist" train --config "$run/config.pbtxt" --run-dir "$run/run"
 }

@@ -55,6 +55,8 @@ class AsyncCheckpointer {
   std::optional<Published> drain();
 
   bool in_flight() const { return pending_; }
+  // This rank's shard of the save in flight is written and synced (the commit may still be due).
+  bool write_done() const { return written_.load(); }
   int64_t in_flight_step() const { return target_.step; }
   const std::string& in_flight_path() const { return target_.final_path; }
 

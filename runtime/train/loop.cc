@@ -127,28 +127,49 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
     sinks.checkpoint_error(step, e.what(), ck.on_save_error() != STOP);
     if (ck.on_save_error() == STOP) throw;
   };
+  // Collective. The asynchronous save in flight: published once every rank has written its shard (at every step
+  // boundary), or now, waiting for the writes (`wait`: before the run ends).
+  // Untimed: the caller holds the checkpoint phase (phases do not nest).
+  auto finish_async_untimed = [&](bool wait) {
+    if (!async || !async->in_flight()) return;
+    const int64_t step = async->in_flight_step();
+    try {
+      if (std::optional<AsyncCheckpointer::Published> p = wait ? async->drain() : async->poll())
+        published(p->path, p->step, p->seconds, p->warnings);
+    } catch (const Error& e) {
+      save_failed(step, e);
+    }
+  };
+  auto finish_async = [&](bool wait) {
+    if (!async || !async->in_flight()) return;
+    PhaseScope timed(timer, Phase::kCheckpoint);  // the progress all-reduce, and the commit when it is due
+    finish_async_untimed(wait);
+  };
   // Collective. `durable`: the checkpoint must be published before this returns (the stop-save, the final save).
   auto save = [&](int64_t step, bool durable) {
     if (opt.checkpoint_dir.empty()) return;
     const Clock::time_point t0 = Clock::now();
     PhaseScope timed(timer, Phase::kCheckpoint);
     if (async) {
-      int64_t failed_step = async->in_flight() ? async->in_flight_step() : step;
-      try {
-        std::optional<AsyncCheckpointer::Published> before;
-        const double waited = async->start(trainer.checkpoint_state(/*device_buffers=*/true), &before);
-        if (before) published(before->path, before->step, before->seconds, before->warnings);
-        failed_step = step;
-        update_activity([&](Activity& a) { a.saving = async->in_flight_path(); });
-        if (waited >= 0.001)
+      // The save in flight first (a failure there is its own, handled like any failed save), then this one.
+      if (async->in_flight()) {
+        const bool writing = !async->write_done();
+        const int64_t previous = async->in_flight_step();
+        const Clock::time_point tw = Clock::now();
+        finish_async_untimed(/*wait=*/true);
+        if (writing)
           sinks.message(fmt::format("warning: step {} waited {:.2f} s for the checkpoint of step {} to be written "
                                     "(the saves come faster than the disk takes them)",
-                                    step, waited, before ? before->step : step));
+                                    step, seconds_since(tw), previous));
+      }
+      try {
+        async->start(trainer.checkpoint_state(/*device_buffers=*/true));
+        update_activity([&](Activity& a) { a.saving = async->in_flight_path(); });
         if (durable)
           if (std::optional<AsyncCheckpointer::Published> p = async->drain())
             published(p->path, p->step, p->seconds, p->warnings);
       } catch (const Error& e) {
-        save_failed(failed_step, e);
+        save_failed(step, e);
       }
       return;
     }
@@ -159,19 +180,6 @@ RunSummary run_training(Trainer& trainer, const LoopOptions& opt) {
       const std::string path = save_checkpoint(comm, trainer.checkpoint_state(), opt.checkpoint_dir, ck.keep_last(),
                                                &cfg.fault(), &warnings);
       published(path, step, seconds_since(t0), warnings);
-    } catch (const Error& e) {
-      save_failed(step, e);
-    }
-  };
-  // Collective. The asynchronous save in flight: published once every rank has written its shard (at every step
-  // boundary), or now, waiting for the writes (`wait`: before the run ends).
-  auto finish_async = [&](bool wait) {
-    if (!async || !async->in_flight()) return;
-    PhaseScope timed(timer, Phase::kCheckpoint);  // the progress all-reduce, and the commit when it is due
-    const int64_t step = async->in_flight_step();
-    try {
-      if (std::optional<AsyncCheckpointer::Published> p = wait ? async->drain() : async->poll())
-        published(p->path, p->step, p->seconds, p->warnings);
     } catch (const Error& e) {
       save_failed(step, e);
     }
