@@ -42,6 +42,21 @@ show() { sed -e 's/^/    | /' "$1" | head -30; }
 # The 16 hex digits of the "master weights hash: ..." summary line in FILE.
 hash_of() { sed -n 's/^master weights hash: \([0-9a-f]\{16\}\)$/\1/p' "$1"; }
 
+# fault_job FILE STEPS KEEP_LAST: the fault drills' job (an MLP on synthetic data, fp16, a checkpoint every 25 steps,
+# a log line every 50) as a config file, STEPS steps long, keeping KEEP_LAST checkpoints.
+fault_job() {
+  cat >"$1" <<PB
+name: "job"
+model { mlp { hidden: [512, 128] } }
+data { synthetic { train_samples: 16384 test_samples: 512 features: 256 classes: 10 noise: 2.0 } global_batch_size: 64 }
+optimizer { adamw {} lr: 0.001 }
+precision { dtype: FP16 }
+train { steps: $2 eval_every_epochs: 0 }
+log { every_steps: 50 }
+checkpoint { every_steps: 25 keep_last: $3 }
+PB
+}
+
 # fashion_mnist_slice DIR [TRAIN TEST]: the first TRAIN (512) training and TEST (256) test images of Debian's
 # Fashion-MNIST written to DIR as an IDX directory (the reader's layout), so that a conv net or an MLP trains in
 # seconds. Returns non-zero on failure.

@@ -18,16 +18,7 @@ run() {  # run OUT ARGS...
   timeout 300 mpirun -q --oversubscribe -np 2 "$AMPDIST" train "$@" > "$out" 2>&1 </dev/null
 }
 
-cat > "$TMP/job.pbtxt" <<'PB'
-name: "job"
-model { mlp { hidden: [512, 128] } }
-data { synthetic { train_samples: 16384 test_samples: 512 features: 256 classes: 10 noise: 2.0 } global_batch_size: 64 }
-optimizer { adamw {} lr: 0.001 }
-precision { dtype: FP16 }
-train { steps: 100 eval_every_epochs: 0 }
-log { every_steps: 50 }
-checkpoint { every_steps: 25 keep_last: 0 }
-PB
+fault_job "$TMP/job.pbtxt" 100 0
 cfg=(--config "$TMP/job.pbtxt")
 SHARD1=shard_00001_of_00002.pb
 

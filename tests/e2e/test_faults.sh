@@ -24,16 +24,7 @@ no_leftovers() {  # no_leftovers TAG DIR
   if pgrep -f "$2" > /dev/null; then not_ok "$1" "ampdist processes left running"; else ok "$1: no process left"; fi
 }
 
-cat > "$TMP/job.pbtxt" <<'PB'
-name: "job"
-model { mlp { hidden: [512, 128] } }
-data { synthetic { train_samples: 16384 test_samples: 512 features: 256 classes: 10 noise: 2.0 } global_batch_size: 64 }
-optimizer { adamw {} lr: 0.001 }
-precision { dtype: FP16 }
-train { steps: 300 eval_every_epochs: 0 }
-log { every_steps: 50 }
-checkpoint { every_steps: 25 keep_last: 2 }
-PB
+fault_job "$TMP/job.pbtxt" 300 2
 cfg=(--config "$TMP/job.pbtxt")
 
 for np in 2 4; do
