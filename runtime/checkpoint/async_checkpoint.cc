@@ -26,15 +26,9 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   for (void* p : pinned_) device::free_host(p);
 }
 
-double AsyncCheckpointer::start(const CheckpointState& state, std::optional<Published>* finished) {
-  double waited = 0;
-  if (pending_) {
-    const double t0 = now_s();
-    if (!written_.load()) writer_.join();  // the step waits for the disk: only here
-    waited = now_s() - t0;
-    std::optional<Published> p = drain();
-    if (finished) *finished = std::move(p);
-  }
+void AsyncCheckpointer::start(const CheckpointState& state) {
+  AMPDIST_CHECK(!pending_, "AsyncCheckpointer::start with the save of step " + std::to_string(target_.step) +
+                               " still in flight: drain() it first");
   target_ = prepare_save(comm_, state, dir_);
   meta_ = state.meta;
   names_.clear();
@@ -75,7 +69,6 @@ double AsyncCheckpointer::start(const CheckpointState& state, std::optional<Publ
     result_ = write_own_shard(target_, staged, rank, world, faults_);
     written_.store(true);
   });
-  return waited;
 }
 
 std::optional<AsyncCheckpointer::Published> AsyncCheckpointer::poll() {

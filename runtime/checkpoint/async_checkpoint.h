@@ -5,9 +5,9 @@
 // The file format is the blocking save's, so loading, resharding, ZeRO-1 slices and export do not tell them apart.
 //
 // Contract (the same on every rank, like every collective): start() at the same save steps, poll() at every step
-// boundary while in_flight(), drain() before a save that must be on disk (the stop-save, the final save) and before
-// the run ends. At most one save is in flight per rank; start() while one is drains it first, which is the only
-// time a step waits for the disk (waited_s says how long). A crash at any point leaves the previous checkpoint as
+// boundary while in_flight(), drain() before a save that must be on disk (the stop-save, the final save), before
+// the next start() and before the run ends. At most one save is in flight per rank; draining one whose write is
+// still running is the only time a step waits for the disk (write_done() says whether it will). A crash at any point leaves the previous checkpoint as
 // the newest complete one: the new one is only ever a .tmp_step_* directory until commit_save renames it.
 #pragma once
 
@@ -39,12 +39,11 @@ class AsyncCheckpointer {
     std::vector<std::string> warnings;  // rank 0: damaged checkpoints moved aside (commit_save)
   };
 
-  // Collective, at a save step. Finishes a save still in flight first (its Published in `finished`, when not
-  // null); then copies this rank's shard of every buffer of `state` (host tensors, or device tensors:
-  // Trainer::checkpoint_state(true); one device -> host copy, which waits for the compute stream) and the manifest
-  // fields into the staging buffer (allocated once, reused) and starts the background write. Returns the seconds spent waiting for the previous
-  // save's write (0 when it was already done). Throws what drain() throws.
-  double start(const CheckpointState& state, std::optional<Published>* finished = nullptr);
+  // Collective, at a save step, with no save in flight (drain() it first; throws Error otherwise): copies this
+  // rank's shard of every buffer of `state` (host tensors, or device tensors: Trainer::checkpoint_state(true); one
+  // device -> host copy, which waits for the compute stream) and the manifest fields into the staging buffer
+  // (allocated once, reused) and starts the background write.
+  void start(const CheckpointState& state);
 
   // Collective, at each step boundary while in_flight(): one all-reduce (MAX) of the ranks' "still writing" flags
   // (8 bytes, host MPI on both backends); when every rank's is, commits and returns what was published. Throws Error (collective, kRuntime) on every

@@ -43,18 +43,11 @@ std::string shard_name(int rank, int world) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Protobuf's base-128 varint (the length prefix of a length-delimited record, a varint field's value).
+// Appends protobuf's base-128 varint of v (a record's length prefix, a varint field's value).
 void append_varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-}
-size_t varint_size(uint64_t v) {
-  size_t n = 1;
-  for (; v >= 0x80; v >>= 7) ++n;
-  return n;
+  uint8_t buf[10];
+  const uint8_t* end = pbio::CodedOutputStream::WriteVarint64ToArray(v, buf);
+  out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(end - buf));
 }
 
 // Writes all of `data` to `fd`; false with errno set on failure (a full disk included).
@@ -150,7 +143,7 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
         trailer.push_back(static_cast<char>(ShardRecord::kXxh3FieldNumber << 3 | 0));  // varint
         append_varint(trailer, record_xxh3);
         const size_t record_bytes =
-            before_data.size() + 1 + varint_size(payload_bytes) + payload_bytes + trailer.size();
+            before_data.size() + 1 + pbio::CodedOutputStream::VarintSize64(payload_bytes) + payload_bytes + trailer.size();
         head.clear();
         append_varint(head, record_bytes);
         head += before_data;
@@ -423,7 +416,6 @@ struct RecordFields {
   int64_t offset = -1, count = -1;
   int64_t data_at = -1, data_bytes = -1;
   uint64_t xxh3 = 0;
-  bool has_xxh3 = false;
 };
 
 // Reads the length-delimited ShardRecord of `len` bytes at `pos` of `fd` without its payload: the length prefix
@@ -472,7 +464,6 @@ bool read_record_fields(int fd, int64_t pos, int64_t len, RecordFields& r) {
         if (t.ReadTag() != (ShardRecord::kXxh3FieldNumber << 3 | 0) || !t.ReadVarint64(&r.xxh3) ||
             t.CurrentPosition() != rest)
           return false;
-        r.has_xxh3 = true;
         return true;
       }
       default:
