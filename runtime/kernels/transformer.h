@@ -52,6 +52,28 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
 void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionShape& s, DType pv_dtype,
                         const Tensor& dout, Tensor& dqkv);
 
+// Fused causal attention (FlashAttention-2, Dao 2023: "FlashAttention-2: Faster Attention with Better Parallelism and
+// Work Partitioning", Algorithms 1 and 2): the attention above without its [B, H, T, T] probabilities. Per (window,
+// head) and block of kFlashQueryBlock queries, the scores of one block of at most kFlashKeyBlock keys at a time
+// (FP32, as above; key blocks past the query block's last row are never computed) go through an online softmax: a
+// running row maximum m and sum l of exp(s - m) in FP32, the FP32 output accumulator rescaled by exp(m_old - m_new)
+// whenever m grows. The p @ v operands are exp(s - m) rounded to pv_dtype (unnormalised, where the materialised
+// kernel rounds the normalised p) and v in pv_dtype; the accumulator is divided by l once and rounded once to out's
+// dtype. Rows with no allowed key give 0, as above.
+// stats: [B, H, T, 2] FP32, written: per query row its final m and 1 / l (0 and 0 for a row with no allowed key),
+// the only state the backward needs besides qkv and out (O(B H T), where the materialised kernel keeps B H T^2).
+constexpr int64_t kFlashQueryBlock = 64;   // query rows per block: one [64, 256] FP32 score tile is 64 KiB
+constexpr int64_t kFlashKeyBlock = 256;    // keys per block
+void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
+                             DType pv_dtype, Tensor& stats, Tensor& out);
+// dqkv ([N, 3C], rounded once to its dtype) from dout [N, C]: the probabilities are recomputed block by block from
+// qkv and stats, exactly as the forward computed them (the same score GEMMs), p = exp(s - m) / l; dv = round(p)^T
+// dout with round() to pv_dtype as above, dp = dout v^T, ds = p (dp - D) / sqrt(hs) with D = rowsum(dout * out)
+// (FlashAttention-2's D: the materialised kernel's sum_j p_j dp_j up to the rounding of out), dq = ds k, dk = ds^T q
+// in FP32. out is the forward's output, key_mask the forward's mask.
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& stats, const AttentionShape& s,
+                              std::span<const uint8_t> key_mask, DType pv_dtype, const Tensor& dout, Tensor& dqkv);
+
 // ---- dropout ---------------------------------------------------------------------------------------------------
 // The mask of element (r, c) of a [N, C] tensor of B windows of T rows: kept when uniform draw (r % T) * C + c of
 // the Philox stream {seed, (step, sample_ids[r / T], site), RngPurpose::kDropout} is >= p (math::dropout). The

@@ -18,6 +18,11 @@
                          DType pv_dtype, Tensor& probs, Tensor& out);                                               \
   void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionShape& s, DType pv_dtype,          \
                           const Tensor& dout, Tensor& dqkv);                                                        \
+  void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,       \
+                               DType pv_dtype, Tensor& stats, Tensor& out);                                         \
+  void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& stats, const AttentionShape& s,  \
+                                std::span<const uint8_t> key_mask, DType pv_dtype, const Tensor& dout,              \
+                                Tensor& dqkv);                                                                      \
   void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const uint32_t> sample_ids,             \
                        int64_t seq_len);                                                                            \
   void add_inplace(Tensor& x, const Tensor& y);

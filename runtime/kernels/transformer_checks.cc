@@ -105,6 +105,11 @@ void check_attention_shape(const char* op, const Tensor& qkv, const AttentionSha
                 " H=" + std::to_string(s.n_head) + " hs=" + std::to_string(s.head_dim));
   require_shape(op, "qkv", qkv, {s.batch * s.seq_len, 3 * s.channels()}, device);
 }
+void check_key_mask(const char* op, std::span<const uint8_t> key_mask, const AttentionShape& s) {
+  if (!key_mask.empty() && static_cast<int64_t>(key_mask.size()) != s.batch * s.seq_len)
+    throw Error(std::string(op) + ": key_mask has " + std::to_string(key_mask.size()) + " entries, expected " +
+                std::to_string(s.batch * s.seq_len));
+}
 }  // namespace
 
 void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
@@ -114,9 +119,7 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
   require_shape(op, "probs", probs, {s.batch, s.n_head, s.seq_len, s.seq_len}, device);
   require_fp32(op, "probs", probs);
   require_shape(op, "out", out, {s.batch * s.seq_len, s.channels()}, device);
-  if (!key_mask.empty() && static_cast<int64_t>(key_mask.size()) != s.batch * s.seq_len)
-    throw Error(std::string(op) + ": key_mask has " + std::to_string(key_mask.size()) + " entries, expected " +
-                std::to_string(s.batch * s.seq_len));
+  check_key_mask(op, key_mask, s);
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionShape& s, const Tensor& dout,
@@ -127,6 +130,29 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
   require_fp32(op, "probs", probs);
   require_shape(op, "dout", dout, {s.batch * s.seq_len, s.channels()}, device);
   require_shape(op, "dqkv", dqkv, {s.batch * s.seq_len, 3 * s.channels()}, device);
+}
+
+void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
+                             const Tensor& stats, const Tensor& out, Device device) {
+  const char* op = "flash_attention_forward";
+  check_attention_shape(op, qkv, s, device);
+  require_shape(op, "stats", stats, {s.batch, s.n_head, s.seq_len, 2}, device);
+  require_fp32(op, "stats", stats);
+  require_shape(op, "out", out, {s.batch * s.seq_len, s.channels()}, device);
+  check_key_mask(op, key_mask, s);
+}
+
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& stats, const AttentionShape& s,
+                              std::span<const uint8_t> key_mask, const Tensor& dout, const Tensor& dqkv,
+                              Device device) {
+  const char* op = "flash_attention_backward";
+  check_attention_shape(op, qkv, s, device);
+  require_shape(op, "out", out, {s.batch * s.seq_len, s.channels()}, device);
+  require_shape(op, "stats", stats, {s.batch, s.n_head, s.seq_len, 2}, device);
+  require_fp32(op, "stats", stats);
+  require_shape(op, "dout", dout, {s.batch * s.seq_len, s.channels()}, device);
+  require_shape(op, "dqkv", dqkv, {s.batch * s.seq_len, 3 * s.channels()}, device);
+  check_key_mask(op, key_mask, s);
 }
 
 bool dropout(const Tensor& x, float p, std::span<const uint32_t> sample_ids, int64_t seq_len, Device device) {

@@ -26,6 +26,11 @@ void attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<con
                        const Tensor& probs, const Tensor& out, Device device);
 void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionShape& s, const Tensor& dout,
                         const Tensor& dqkv, Device device);
+void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
+                             const Tensor& stats, const Tensor& out, Device device);
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& stats, const AttentionShape& s,
+                              std::span<const uint8_t> key_mask, const Tensor& dout, const Tensor& dqkv,
+                              Device device);
 // Returns false when there is nothing to do (p == 0).
 bool dropout(const Tensor& x, float p, std::span<const uint32_t> sample_ids, int64_t seq_len, Device device);
 void add_inplace(const Tensor& x, const Tensor& y, Device device);

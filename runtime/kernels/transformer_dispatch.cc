@@ -38,6 +38,16 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
   if (dev(qkv) || dev(dqkv)) return cuda::attention_backward(qkv, probs, s, pv_dtype, dout, dqkv);
   cpu::attention_backward(qkv, probs, s, pv_dtype, dout, dqkv);
 }
+void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
+                             DType pv_dtype, Tensor& stats, Tensor& out) {
+  if (dev(qkv) || dev(out)) return cuda::flash_attention_forward(qkv, s, key_mask, pv_dtype, stats, out);
+  cpu::flash_attention_forward(qkv, s, key_mask, pv_dtype, stats, out);
+}
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& stats, const AttentionShape& s,
+                              std::span<const uint8_t> key_mask, DType pv_dtype, const Tensor& dout, Tensor& dqkv) {
+  if (dev(qkv) || dev(dqkv)) return cuda::flash_attention_backward(qkv, out, stats, s, key_mask, pv_dtype, dout, dqkv);
+  cpu::flash_attention_backward(qkv, out, stats, s, key_mask, pv_dtype, dout, dqkv);
+}
 void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const uint32_t> sample_ids,
                      int64_t seq_len) {
   if (dev(x)) return cuda::dropout_inplace(x, p, key, sample_ids, seq_len);

@@ -11,8 +11,9 @@
 namespace ampdist {
 
 CausalSelfAttention::CausalSelfAttention(std::string name, int64_t channels, int64_t n_head, int64_t seq_len,
-                                         float init_scale, const Autocast& autocast)
-    : Module(std::move(name)), channels_(channels), n_head_(n_head), max_seq_(seq_len), seq_len_(seq_len) {
+                                         float init_scale, const Autocast& autocast, AttentionKernel kernel)
+    : Module(std::move(name)), channels_(channels), n_head_(n_head), max_seq_(seq_len), seq_len_(seq_len),
+      kernel_(kernel) {
   if (channels <= 0 || n_head <= 0 || channels % n_head != 0)
     throw Error("attention " + this->name() + ": n_embd " + std::to_string(channels) +
                     " must be a positive multiple of n_head " + std::to_string(n_head),
@@ -39,9 +40,14 @@ const Tensor& CausalSelfAttention::forward(const Tensor& x) {
                 std::to_string(seq_len_) + " <= " + std::to_string(max_seq_) + " rows");
   qkv_ = c_attn_->forward(x);
   const kernels::AttentionShape s{x.dim(0) / seq_len_, seq_len_, n_head_, channels_ / n_head_};
-  probs_.ensure({s.batch, n_head_, seq_len_, seq_len_}, DType::kFloat32, qkv_.device());
   y_.ensure({x.dim(0), channels_}, pv_dtype_, qkv_.device());
-  kernels::attention_forward(qkv_, s, key_mask_, pv_dtype_, probs_, y_);
+  if (kernel_ == MATERIALIZED) {
+    probs_.ensure({s.batch, n_head_, seq_len_, seq_len_}, DType::kFloat32, qkv_.device());
+    kernels::attention_forward(qkv_, s, key_mask_, pv_dtype_, probs_, y_);
+  } else {
+    stats_.ensure({s.batch, n_head_, seq_len_, 2}, DType::kFloat32, qkv_.device());
+    kernels::flash_attention_forward(qkv_, s, key_mask_, pv_dtype_, stats_, y_);
+  }
   return c_proj_->forward(y_);
 }
 
@@ -51,7 +57,10 @@ const Tensor& CausalSelfAttention::backward(const Tensor& dy, GradContext& ctx) 
   const Tensor& dattn = c_proj_->backward(dy, ctx);
   const kernels::AttentionShape s{qkv_.dim(0) / seq_len_, seq_len_, n_head_, channels_ / n_head_};
   dqkv_.ensure(qkv_.shape(), qkv_.dtype(), qkv_.device());
-  kernels::attention_backward(qkv_, probs_, s, pv_dtype_, dattn, dqkv_);
+  if (kernel_ == MATERIALIZED)
+    kernels::attention_backward(qkv_, probs_, s, pv_dtype_, dattn, dqkv_);
+  else
+    kernels::flash_attention_backward(qkv_, y_, stats_, s, key_mask_, pv_dtype_, dattn, dqkv_);
   ctx.need_input_grad = outer_need;
   return c_attn_->backward(dqkv_, ctx);
 }
@@ -71,6 +80,36 @@ float round_to(float x, DType d) {
   return x;
 }
 }  // namespace
+
+void CausalSelfAttention::decode_row_online(const std::vector<float>& scores, const float* vh, bool v_rounded,
+                                            float* y) const {
+  const int64_t n = static_cast<int64_t>(scores.size()), hs = channels_ / n_head_;
+  float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+  std::vector<float> acc(static_cast<size_t>(hs), 0.0f);
+  for (int64_t j0 = 0; j0 < n; j0 += kernels::kFlashKeyBlock) {
+    const int64_t j1 = std::min(n, j0 + kernels::kFlashKeyBlock);
+    const float m_new = std::max(m, *std::max_element(scores.begin() + j0, scores.begin() + j1));
+    if (m_new != m) {
+      const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.0f : math::softmax_exp(m, m_new);
+      l *= alpha;
+      for (float& a : acc) a *= alpha;
+      m = m_new;
+    }
+    float sum = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float p = math::softmax_exp(scores[static_cast<size_t>(j)], m);
+      sum += p;
+      const float pr = round_to(p, pv_dtype_);
+      for (int64_t d = 0; d < hs; ++d) {
+        const float v = vh[j * hs + d];
+        acc[static_cast<size_t>(d)] += pr * (v_rounded ? round_to(v, pv_dtype_) : v);
+      }
+    }
+    l += sum;
+  }
+  const float inv = math::softmax_inv_sum(l);
+  for (int64_t d = 0; d < hs; ++d) y[d] = acc[static_cast<size_t>(d)] * inv;
+}
 
 void CausalSelfAttention::append_kv(const float* row, int64_t pos) {
   const int64_t hs = channels_ / n_head_;
@@ -114,6 +153,10 @@ const Tensor& CausalSelfAttention::decode(const Tensor& x) {
       for (int64_t d = 0; d < hs; ++d) dot += q[d] * kh[j * hs + d];
       scores[j] = dot * scale;
       mx = std::max(mx, scores[j]);
+    }
+    if (kernel_ == FLASH) {  // the fused kernel's online softmax over the same key blocks, so p rounds the same way
+      decode_row_online(scores, vh, v_rounded, y.data() + h * hs);
+      continue;
     }
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {

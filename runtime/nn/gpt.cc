@@ -36,6 +36,8 @@ void check_config(const GptConfig& c) {
     throw bad("padded_vocab_multiple", "must be in [1, 4096], got " + std::to_string(c.padded_vocab_multiple()));
   if (!(c.init_scale() > 0.0f) || !std::isfinite(c.init_scale()))
     throw bad("init_scale", "must be finite and > 0, got " + std::to_string(c.init_scale()));
+  if (c.attention() != FLASH && c.attention() != MATERIALIZED)
+    throw bad("attention", "must be FLASH or MATERIALIZED, got " + AttentionKernel_Name(c.attention()));
   const double params = 12.0 * c.n_layer() * double(c.n_embd()) * c.n_embd() +
                         double(c.vocab_size() + c.seq_len()) * c.n_embd();
   if (params > double(int64_t{1} << 31))
@@ -60,7 +62,8 @@ GptModel::GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed
     const std::string p = "h." + std::to_string(l);
     auto b = std::make_unique<Block>();
     b->ln_1 = std::make_unique<LayerNorm>(p + ".ln_1", C);
-    b->attn = std::make_unique<CausalSelfAttention>(p + ".attn", C, cfg_.n_head(), T, scale, autocast);
+    b->attn = std::make_unique<CausalSelfAttention>(p + ".attn", C, cfg_.n_head(), T, scale, autocast,
+                                                    cfg_.attention());
     b->ln_2 = std::make_unique<LayerNorm>(p + ".ln_2", C);
     b->c_fc = std::make_unique<Linear>(p + ".mlp.c_fc", C, 4 * C, true, autocast);
     b->gelu = std::make_unique<Activation>(p + ".mlp.gelu", Activation::Kind::kGELU, autocast);

@@ -7,6 +7,8 @@
 //   The backward is given the CPU's row statistics, so it differs only in its two row sums and the column sums.
 // - attention: cuBLAS GEMMs (any order, tensor cores for 16-bit inputs) and a warp softmax; per-element bounds
 //   derived in attention_bounds() below; the backward is given the CPU's probabilities.
+// - fused attention: against the double-precision attention within the bound of tests/attention_reference.h (the one
+//   the CPU's fused and materialised kernels are held to), and its CPU oracle; no [B, H, T, T] buffer exists.
 // - the whole model composes all of these with the Linear GEMMs over two layers; its tolerance (loss 1e-5 relative,
 //   gradients 1e-4 + 1e-3 relative) is an end-to-end check with a wide margin, not a derived bound.
 #include <gtest/gtest.h>
@@ -24,6 +26,7 @@
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/transformer.h"
 #include "runtime/nn/gpt.h"
+#include "tests/attention_reference.h"
 #include "tests/gpu/bounds.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -378,6 +381,37 @@ TEST(GpuTransformer, AttentionMatchesTheCpuIncludingFullyMaskedRows) {
     expect_within(floats(dqkv_d), fd, attention_grad_bounds(gin, fp, fd, dt, dt), "dqkv");
     for (float v : floats(dqkv_d)) ASSERT_TRUE(std::isfinite(v));
   }
+}
+
+TEST(GpuTransformer, FusedAttentionIsWithinTheDerivedBoundOfTheExactAttentionAsIsTheCpu) {
+  REQUIRE_GPU();
+  namespace ref = attention_reference;
+  // T = 300: query blocks of 64 (the last partial) and key tiles of 32; a fully masked query; head sizes 32 and 64.
+  for (const ref::Case& c : {ref::Case{2, 300, 3, 32, true}, ref::Case{1, 65, 2, 64, false}})
+    for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T=" + std::to_string(c.T) + " hs=" + std::to_string(c.hs));
+      const kernels::AttentionShape s{c.B, c.T, c.H, c.hs};
+      const int64_t N = c.B * c.T, C = c.H * c.hs;
+      const Tensor qkv = ref::random_tensor(N, 3 * C, dt, 1, -1.5f, 1.5f);
+      const Tensor dout = ref::random_tensor(N, C, dt, 2, -1.0f, 1.0f);
+      const std::vector<uint8_t> mask = ref::key_mask(c);
+      const ref::Reference r = ref::reference(c, qkv, dout, mask, dt, dt);
+      Tensor out_d = Tensor::empty({N, C}, dt, Device::kCUDA);
+      Tensor stats_d = Tensor::empty({c.B, c.H, c.T, 2}, DType::kFloat32, Device::kCUDA);
+      kernels::flash_attention_forward(qkv.to(Device::kCUDA), s, mask, dt, stats_d, out_d);
+      ref::expect_within("GPU fused out", out_d.to(Device::kCPU), r.out, r.out_bound);
+      Tensor dqkv_d = Tensor::empty({N, 3 * C}, dt, Device::kCUDA);
+      kernels::flash_attention_backward(qkv.to(Device::kCUDA), out_d, stats_d, s, mask, dt, dout.to(Device::kCUDA),
+                                        dqkv_d);
+      ref::expect_within("GPU fused dqkv", dqkv_d.to(Device::kCPU), r.dqkv, r.dqkv_bound);
+      // The CPU oracle: its fused kernel is held to the same bound, so the two differ by at most twice it.
+      Tensor out = Tensor::empty({N, C}, dt), stats = Tensor::empty({c.B, c.H, c.T, 2}, DType::kFloat32);
+      kernels::flash_attention_forward(qkv, s, mask, dt, stats, out);
+      const std::vector<float> go = floats(out_d), co = floats(out);
+      for (size_t i = 0; i < co.size(); ++i) ASSERT_LE(std::fabs(go[i] - co[i]), 2 * r.out_bound[i]) << "out " << i;
+      if (c.masked)
+        for (int64_t e = 0; e < c.hs; ++e) EXPECT_EQ(go[static_cast<size_t>(e)], 0.0f) << "query 0 has no key";
+    }
 }
 
 // ---- the whole model: loss and every parameter's gradient, CPU against GPU ---------------------------------------

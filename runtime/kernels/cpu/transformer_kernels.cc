@@ -422,6 +422,239 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
   });
 }
 
+// ---- fused causal attention (FlashAttention-2) ------------------------------------------------------------------
+//
+// Threads over the B x H (window, head) pairs, each with its own scratch: the pair's q, k, v repacked into
+// contiguous [T, hs] blocks (as above), one [kFlashQueryBlock, kFlashKeyBlock] score tile and its FP32 accumulators.
+// The block GEMMs run on the calling thread: oneDNN's sgemm for FP32 operands, its matmul for native bf16 (FP32
+// output, sum post-op for the accumulating products).
+
+namespace {
+
+// C[m, n] (FP32, row-major, ldc) = alpha op(A) op(B) + beta C, A and B of dtype ab (FP32, or bf16 where native), each
+// row-major with its row length lda / ldb as stored.
+void block_gemm(DType ab, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, int64_t lda,
+                const void* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (ab == DType::kFloat32)
+    return onednn::sgemm(ta, tb, m, n, k, alpha, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb,
+                         beta, c, ldc);
+  onednn::Matmul mm;
+  mm.m = m;
+  mm.n = n;
+  mm.k = k;
+  mm.ab_dtype = ab;
+  mm.c_dtype = DType::kFloat32;
+  mm.a_stride[1] = ta ? 1 : lda;
+  mm.a_stride[2] = ta ? lda : 1;
+  mm.b_stride[1] = tb ? 1 : ldb;
+  mm.b_stride[2] = tb ? ldb : 1;
+  mm.c_stride[1] = ldc;
+  mm.c_stride[2] = 1;
+  mm.alpha = alpha;
+  mm.beta = beta;
+  onednn::matmul(mm, a, b, c);
+}
+
+// Element offset of row r of a [T, hs] head block of dtype d, as bytes.
+const char* row_at(const void* base, DType d, int64_t r, int64_t hs) {
+  return static_cast<const char*>(base) + r * hs * static_cast<int64_t>(dtype_size(d));
+}
+
+// Whether query i may attend key j (causal, and the window's key mask).
+bool allowed(int64_t i, int64_t j, const uint8_t* mask) { return j <= i && (!mask || mask[j]); }
+
+// The forward's score tile: s[r, c] = scale * q_{i0 + r} . k_{j0 + c}, FP32, rows i0 .. i1, keys j0 .. j0 + n.
+// The backward calls it with the same arguments, so it recomputes the forward's scores bit for bit.
+void score_tile(DType g_qk, const void* qh, const void* kh, int64_t i0, int64_t i1, int64_t j0, int64_t n, int64_t hs,
+                float scale, float* tile) {
+  block_gemm(g_qk, false, true, i1 - i0, n, hs, scale, row_at(qh, g_qk, i0, hs), hs, row_at(kh, g_qk, j0, hs), hs, 0.0f,
+             tile, n);
+}
+
+// out[b*T + i, h*hs ..] (dtype of dst) = src[i, 0 .. hs) for rows i0 .. i1 of one head, rounded once.
+void store_head_rows(const float* src, int64_t rows, int64_t hs, void* dst, DType dst_dtype, int64_t ld) {
+  dispatch_dtype(dst_dtype, [&](auto tag) {
+    using D = decltype(tag);
+    for (int64_t r = 0; r < rows; ++r) {
+      D* o = static_cast<D*>(dst) + r * ld;
+      if constexpr (std::is_same_v<D, float>) {
+        std::memcpy(o, src + r * hs, static_cast<size_t>(hs) * sizeof(float));
+      } else {
+        narrow_block(src + r * hs, o, hs);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
+                             DType pv_dtype, Tensor& stats, Tensor& out) {
+  checks::flash_attention_forward(qkv, s, key_mask, stats, out, Device::kCPU);
+  const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
+  const DType dq = qkv.dtype();
+  const DType g_qk = engine_dtype(dq, dq), g_pv = engine_dtype(pv_dtype, dq);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t ld = 3 * C, QB = kFlashQueryBlock, KB = kFlashKeyBlock;
+  float* st = stats.data_as<float>();
+  parallel_ranges(B * H, 1, [&](int64_t p0, int64_t p1) {
+    thread_local Scratch sq, sk, sv, ss, sp, sa;
+    void* qh = sq.get(T * hs, g_qk);
+    void* kh = sk.get(T * hs, g_qk);
+    void* vh = sv.get(T * hs, g_pv);
+    float* tile = static_cast<float*>(ss.get(QB * KB, DType::kFloat32));
+    const bool p_direct = pv_dtype == DType::kFloat32 && g_pv == DType::kFloat32;  // round_row would copy p
+    void* pr = p_direct ? nullptr : sp.get(QB * KB, g_pv);  // the rounded p of the tile, the p @ v operand
+    float* acc = static_cast<float*>(sa.get(QB * hs + 2 * QB, DType::kFloat32));
+    float* m = acc + QB * hs;  // running row maximum
+    float* l = m + QB;         // running row sum of exp(s - m)
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      const int64_t b = pair / H, h = pair % H;
+      const char* slab = bytes_at(qkv, b * T * ld);
+      gather_heads(slab, dq, ld, h * hs, T, 1, hs, qh, g_qk);
+      gather_heads(slab, dq, ld, C + h * hs, T, 1, hs, kh, g_qk);
+      gather_heads(slab, dq, ld, 2 * C + h * hs, T, 1, hs, vh, g_pv);
+      const uint8_t* mask = key_mask.empty() ? nullptr : key_mask.data() + b * T;
+      for (int64_t i0 = 0; i0 < T; i0 += QB) {
+        const int64_t i1 = std::min(T, i0 + QB), rows = i1 - i0;
+        std::fill_n(acc, rows * hs, 0.0f);
+        std::fill_n(m, rows, -std::numeric_limits<float>::infinity());
+        std::fill_n(l, rows, 0.0f);
+        for (int64_t j0 = 0; j0 < i1; j0 += KB) {  // keys after the block's last query are never computed
+          const int64_t n = std::min(KB, i1 - j0);
+          score_tile(g_qk, qh, kh, i0, i1, j0, n, hs, scale, tile);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            float* srow = tile + r * n;
+            float bmax = -std::numeric_limits<float>::infinity();
+            for (int64_t c = 0; c < n; ++c)
+              if (allowed(i, j0 + c, mask)) bmax = std::max(bmax, srow[c]);
+            const float m_new = std::max(m[r], bmax);
+            float sum = 0.0f;
+            if (m_new == -std::numeric_limits<float>::infinity()) {  // no allowed key yet: nothing to add
+              std::fill_n(srow, n, 0.0f);
+            } else {
+              for (int64_t c = 0; c < n; ++c) {
+                srow[c] = allowed(i, j0 + c, mask) ? math::softmax_exp(srow[c], m_new) : 0.0f;
+                sum += srow[c];
+              }
+              if (m_new != m[r]) {  // rescale what was accumulated under the old maximum (0 before any key)
+                const float alpha = m[r] == -std::numeric_limits<float>::infinity() ? 0.0f
+                                                                                      : math::softmax_exp(m[r], m_new);
+                l[r] *= alpha;
+                for (int64_t e = 0; e < hs; ++e) acc[r * hs + e] *= alpha;
+                m[r] = m_new;
+              }
+            }
+            l[r] += sum;
+            if (!p_direct) round_row(srow, n, pv_dtype, static_cast<char*>(pr) + r * n * dtype_size(g_pv), g_pv);
+          }
+          block_gemm(g_pv, false, false, rows, hs, n, 1.0f, p_direct ? tile : pr, n, row_at(vh, g_pv, j0, hs), hs, 1.0f, acc, hs);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const float inv = math::softmax_inv_sum(l[r]);
+          for (int64_t e = 0; e < hs; ++e) acc[r * hs + e] *= inv;
+          float* sr = st + ((b * H + h) * T + i0 + r) * 2;
+          sr[0] = inv > 0.0f ? m[r] : 0.0f;
+          sr[1] = inv;
+        }
+        store_head_rows(acc, rows, hs, bytes_at(out, (b * T + i0) * C + h * hs), out.dtype(), C);
+      }
+    }
+  });
+}
+
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& stats, const AttentionShape& s,
+                              std::span<const uint8_t> key_mask, DType pv_dtype, const Tensor& dout, Tensor& dqkv) {
+  checks::flash_attention_backward(qkv, out, stats, s, key_mask, dout, dqkv, Device::kCPU);
+  const int64_t B = s.batch, T = s.seq_len, H = s.n_head, hs = s.head_dim, C = s.channels();
+  const DType dq = qkv.dtype(), dg = dout.dtype();
+  const DType g_qk = engine_dtype(dq, dq), g_dv = engine_dtype(pv_dtype, dg), g_dp = engine_dtype(dg, dq);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t ld = 3 * C, QB = kFlashQueryBlock, KB = kFlashKeyBlock;
+  const float* st = stats.data_as<float>();
+  parallel_ranges(B * H, 1, [&](int64_t p0, int64_t p1) {
+    thread_local Scratch s_qe, s_ke, s_q, s_k, s_v, s_g1, s_g2, s_g32, s_o, s_tile, s_pr, s_dp, s_acc;
+    void* qe = s_qe.get(T * hs, g_qk);  // q, k as the forward's score GEMM read them
+    void* ke = s_ke.get(T * hs, g_qk);
+    float* q32 = g_qk == DType::kFloat32 ? static_cast<float*>(qe) : static_cast<float*>(s_q.get(T * hs, DType::kFloat32));
+    float* k32 = g_qk == DType::kFloat32 ? static_cast<float*>(ke) : static_cast<float*>(s_k.get(T * hs, DType::kFloat32));
+    void* vh = s_v.get(T * hs, g_dp);
+    void* g1 = s_g1.get(T * hs, g_dv);                          // dout's head for dv = p^T g
+    void* g2 = g_dp == g_dv ? g1 : s_g2.get(T * hs, g_dp);      // ... for dp = g v^T
+    float* o32 = static_cast<float*>(s_o.get(T * hs, DType::kFloat32));
+    float* tile = static_cast<float*>(s_tile.get(QB * KB, DType::kFloat32));
+    void* pr = s_pr.get(QB * KB, g_dv);
+    float* dp = static_cast<float*>(s_dp.get(QB * KB, DType::kFloat32));
+    float* dqh = static_cast<float*>(s_acc.get(3 * T * hs + T, DType::kFloat32));
+    float* dkh = dqh + T * hs;
+    float* dvh = dkh + T * hs;
+    float* D = dvh + T * hs;
+    const bool p_direct = pv_dtype == DType::kFloat32 && g_dv == DType::kFloat32;  // round_row would copy p
+    for (int64_t pair = p0; pair < p1; ++pair) {
+      const int64_t b = pair / H, h = pair % H;
+      const char* slab = bytes_at(qkv, b * T * ld);
+      const char* gslab = bytes_at(dout, b * T * C);
+      gather_heads(slab, dq, ld, h * hs, T, 1, hs, qe, g_qk);
+      gather_heads(slab, dq, ld, C + h * hs, T, 1, hs, ke, g_qk);
+      if (q32 != qe) {
+        gather_heads(slab, dq, ld, h * hs, T, 1, hs, q32, DType::kFloat32);
+        gather_heads(slab, dq, ld, C + h * hs, T, 1, hs, k32, DType::kFloat32);
+      }
+      gather_heads(slab, dq, ld, 2 * C + h * hs, T, 1, hs, vh, g_dp);
+      gather_heads(gslab, dg, C, h * hs, T, 1, hs, g1, g_dv);
+      if (g2 != g1) gather_heads(gslab, dg, C, h * hs, T, 1, hs, g2, g_dp);
+      gather_heads(bytes_at(out, b * T * C), out.dtype(), C, h * hs, T, 1, hs, o32, DType::kFloat32);
+      // D_i = dout_i . out_i in FP32, from an exact FP32 copy of dout's head (one of the gathers above when FP32).
+      const float* g32 = g_dv == DType::kFloat32 ? static_cast<const float*>(g1)
+                         : g_dp == DType::kFloat32 ? static_cast<const float*>(g2)
+                                                   : static_cast<const float*>(s_g32.get(T * hs, DType::kFloat32));
+      if (g_dv != DType::kFloat32 && g_dp != DType::kFloat32)
+        gather_heads(gslab, dg, C, h * hs, T, 1, hs, const_cast<float*>(g32), DType::kFloat32);
+      for (int64_t i = 0; i < T; ++i) {
+        float d = 0.0f;
+        for (int64_t e = 0; e < hs; ++e) d += g32[i * hs + e] * o32[i * hs + e];
+        D[i] = d;
+      }
+      std::fill_n(dqh, 3 * T * hs, 0.0f);
+      const uint8_t* mask = key_mask.empty() ? nullptr : key_mask.data() + b * T;
+      const float* stp = st + (b * H + h) * T * 2;
+      for (int64_t i0 = 0; i0 < T; i0 += QB) {
+        const int64_t i1 = std::min(T, i0 + QB), rows = i1 - i0;
+        for (int64_t j0 = 0; j0 < i1; j0 += KB) {
+          const int64_t n = std::min(KB, i1 - j0);
+          score_tile(g_qk, qe, ke, i0, i1, j0, n, hs, scale, tile);
+          for (int64_t r = 0; r < rows; ++r) {  // p = exp(s - m) / l, exactly as the forward's final p
+            const int64_t i = i0 + r;
+            const float mr = stp[i * 2], inv = stp[i * 2 + 1];
+            float* prow = tile + r * n;
+            for (int64_t c = 0; c < n; ++c)
+              prow[c] = inv > 0.0f && allowed(i, j0 + c, mask) ? math::softmax_exp(prow[c], mr) * inv : 0.0f;
+            if (!p_direct) round_row(prow, n, pv_dtype, static_cast<char*>(pr) + r * n * dtype_size(g_dv), g_dv);
+          }
+          // dv[j0 ..] += round(p)^T g;  dp = g v^T
+          block_gemm(g_dv, true, false, n, hs, rows, 1.0f, p_direct ? tile : pr, n, row_at(g1, g_dv, i0, hs), hs, 1.0f,
+                     dvh + j0 * hs, hs);
+          block_gemm(g_dp, false, true, rows, n, hs, 1.0f, row_at(g2, g_dp, i0, hs), hs, row_at(vh, g_dp, j0, hs), hs,
+                     0.0f, dp, n);
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* prow = tile + r * n;
+            float* dsr = dp + r * n;
+            for (int64_t c = 0; c < n; ++c) dsr[c] = math::softmax_backward(prow[c], dsr[c], D[i0 + r]) * scale;
+          }
+          // dq[i0 ..] += ds k;  dk[j0 ..] += ds^T q  (FP32)
+          block_gemm(DType::kFloat32, false, false, rows, hs, n, 1.0f, dp, n, k32 + j0 * hs, hs, 1.0f, dqh + i0 * hs, hs);
+          block_gemm(DType::kFloat32, true, false, n, hs, rows, 1.0f, dp, n, q32 + i0 * hs, hs, 1.0f, dkh + j0 * hs, hs);
+        }
+      }
+      char* dslab = bytes_at(dqkv, b * T * ld);
+      store_head_rows(dqh, T, hs, dslab + h * hs * dtype_size(dqkv.dtype()), dqkv.dtype(), ld);
+      store_head_rows(dkh, T, hs, dslab + (C + h * hs) * dtype_size(dqkv.dtype()), dqkv.dtype(), ld);
+      store_head_rows(dvh, T, hs, dslab + (2 * C + h * hs) * dtype_size(dqkv.dtype()), dqkv.dtype(), ld);
+    }
+  });
+}
+
 // ---- dropout ---------------------------------------------------------------------------------------------------
 
 void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const uint32_t> sample_ids,

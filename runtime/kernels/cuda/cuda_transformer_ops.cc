@@ -229,6 +229,39 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
   if (dqkv.dtype() != DType::kFloat32) kernels::cast(d32, dqkv);
 }
 
+// Fused attention: the kernels of transformer_kernels.cu; the backward's dq, dk and dv are written in FP32 into dqkv
+// (or a scratch, rounded once into a 16-bit dqkv).
+void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,
+                             DType pv_dtype, Tensor& stats, Tensor& out) {
+  checks::flash_attention_forward(qkv, s, key_mask, stats, out, Device::kCUDA);
+  if (!ampdist::cuda::flash_attention_head_size_supported(s.head_dim))
+    throw Error("flash_attention_forward: head size " + std::to_string(s.head_dim) +
+                    " is not one the GPU kernels are built for (8, 16, 32, 64, 128); set model.gpt.attention: MATERIALIZED",
+                ErrorKind::kBadInput);
+  const uint8_t* mask = key_mask.empty() ? nullptr : upload<uint8_t>(1, key_mask);
+  launch([&] {
+    ampdist::cuda::flash_attention_forward(qkv.data(), code(qkv.dtype()), s.batch, s.seq_len, s.n_head, s.head_dim,
+                                           mask, code(pv_dtype), out.data(), code(out.dtype()),
+                                           static_cast<float*>(stats.data()), stream());
+  });
+}
+
+void flash_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& stats, const AttentionShape& s,
+                              std::span<const uint8_t> key_mask, DType pv_dtype, const Tensor& dout, Tensor& dqkv) {
+  checks::flash_attention_backward(qkv, out, stats, s, key_mask, dout, dqkv, Device::kCUDA);
+  const int64_t B = s.batch, T = s.seq_len, H = s.n_head, C = s.channels();
+  Tensor d32 = dqkv.dtype() == DType::kFloat32 ? dqkv : scratch(1, {B * T, 3 * C});
+  Tensor& D = scratch(3, {std::max<int64_t>(B * H * T, 1)});
+  const uint8_t* mask = key_mask.empty() ? nullptr : upload<uint8_t>(1, key_mask);
+  launch([&] {
+    ampdist::cuda::flash_attention_backward(qkv.data(), code(qkv.dtype()), out.data(), code(out.dtype()),
+                                            static_cast<const float*>(stats.data()), dout.data(), code(dout.dtype()),
+                                            B, T, H, s.head_dim, mask, code(pv_dtype),
+                                            static_cast<float*>(D.data()), static_cast<float*>(d32.data()), stream());
+  });
+  if (dqkv.dtype() != DType::kFloat32) kernels::cast(d32, dqkv);
+}
+
 void dropout_inplace(Tensor& x, float p, const DropoutKey& key, std::span<const uint32_t> sample_ids,
                      int64_t seq_len) {
   if (!checks::dropout(x, p, sample_ids, seq_len, Device::kCUDA)) return;
@@ -272,6 +305,13 @@ void attention_forward(const Tensor&, const AttentionShape&, std::span<const uin
 }
 void attention_backward(const Tensor&, const Tensor&, const AttentionShape&, DType, const Tensor&, Tensor&) {
   no_cuda("attention_backward");
+}
+void flash_attention_forward(const Tensor&, const AttentionShape&, std::span<const uint8_t>, DType, Tensor&, Tensor&) {
+  no_cuda("flash_attention_forward");
+}
+void flash_attention_backward(const Tensor&, const Tensor&, const Tensor&, const AttentionShape&,
+                              std::span<const uint8_t>, DType, const Tensor&, Tensor&) {
+  no_cuda("flash_attention_backward");
 }
 void dropout_inplace(Tensor&, float, const DropoutKey&, std::span<const uint32_t>, int64_t) {
   no_cuda("dropout_inplace");

@@ -30,6 +30,15 @@ void attention_softmax_forward(float* probs, int64_t B, int64_t T, int64_t H, co
                                void* pr, int pr_dtype, Stream s);
 // dp [rows, T] FP32 (dP = dO V^T) becomes ds = p (dp - sum_j p_j dp_j) * scale.
 void attention_softmax_backward(const float* probs, float* dp, int64_t rows, int64_t T, float scale, Stream s);
+// Fused causal attention (kernels/transformer.h's flash_attention_*): qkv [B*T, 3C], out [B*T, C], stats
+// [B, H, T, 2] FP32. Head sizes 8, 16, 32, 64 and 128 (flash_attention_head_size_supported); others throw.
+bool flash_attention_head_size_supported(int64_t hs);
+void flash_attention_forward(const void* qkv, int qkv_dtype, int64_t B, int64_t T, int64_t H, int64_t hs,
+                             const uint8_t* key_mask, int pv_dtype, void* out, int out_dtype, float* stats, Stream s);
+// dqkv [B*T, 3C] FP32, every element written; D: scratch of B*H*T floats.
+void flash_attention_backward(const void* qkv, int qkv_dtype, const void* out, int out_dtype, const float* stats,
+                              const void* dout, int dout_dtype, int64_t B, int64_t T, int64_t H, int64_t hs,
+                              const uint8_t* key_mask, int pv_dtype, float* D, float* dqkv, Stream s);
 // dst [n] (dst_dtype) = src rounded to pv_dtype.
 void round_probs(const float* src, int64_t n, int pv_dtype, void* dst, int dst_dtype, Stream s);
 void dropout_inplace(void* x, int x_dtype, int64_t n, int64_t c, int64_t seq_len, float p, uint64_t seed,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "runtime/core/rng.h"
 #include "runtime/kernels/cuda/cuda_transformer_ops.h"
@@ -190,6 +191,218 @@ template <typename D> __global__ void k_round_probs(const float* src, int64_t n,
 // Blocks of kThreads for one warp per row.
 int warp_blocks(int64_t rows) { return detail::blocks_for(rows * 32, kThreads); }
 
+// ---- fused causal attention (FlashAttention-2's scheme, Dao 2023) on CUDA cores ------------------------------------
+// One thread per query row (forward, dq) or key row (dk, dv), kFlashRows rows per block, the other side's rows staged
+// through shared memory kFlashTile at a time; every product is an FP32 sum in a fixed order, so the results are
+// deterministic. The state kept between forward and backward is stats [B, H, T, 2] (row max, 1 / row sum); nothing
+// of size T x T exists. dq is a kernel of its own (no atomics): each thread sums its row's ds k over the keys.
+constexpr int kFlashRows = 64, kFlashTile = 32;
+
+template <int HS, typename Q, typename O>
+__global__ void k_flash_fwd(const Q* qkv, int64_t T, int64_t H, const uint8_t* mask, int pv_dtype, float scale, O* out,
+                            float* stats) {
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * kFlashRows, i = i0 + threadIdx.x;
+  const int64_t C = H * HS, ld3 = 3 * C;
+  const Q* base = qkv + b * T * ld3;
+  const uint8_t* mk = mask ? mask + b * T : nullptr;
+  __shared__ float ks[kFlashTile][HS], vs[kFlashTile][HS];
+  const bool row = i < T;
+  float q[HS], acc[HS];
+#pragma unroll
+  for (int e = 0; e < HS; ++e) {
+    q[e] = row ? ld<Q>(base, i * ld3 + h * HS + e) : 0.0f;
+    acc[e] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int64_t keys = min(T, i0 + kFlashRows);  // keys after the block's last query are never read
+  for (int64_t j0 = 0; j0 < keys; j0 += kFlashTile) {
+    __syncthreads();
+    for (int x = threadIdx.x; x < kFlashTile * HS; x += blockDim.x) {
+      const int jj = x / HS, e = x % HS;
+      const int64_t j = j0 + jj;
+      ks[jj][e] = j < T ? ld<Q>(base, j * ld3 + C + h * HS + e) : 0.0f;
+      vs[jj][e] = j < T ? ld<Q>(base, j * ld3 + 2 * C + h * HS + e) : 0.0f;
+    }
+    __syncthreads();
+    if (!row) continue;
+    for (int jj = 0; jj < kFlashTile; ++jj) {
+      const int64_t j = j0 + jj;
+      if (j > i || (mk && !mk[j])) continue;
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < HS; ++e) s += q[e] * ks[jj][e];
+      s *= scale;
+      if (s > m) {  // a new row maximum: rescale what was accumulated (nothing before the first key)
+        const float alpha = m == -INFINITY ? 0.0f : math::softmax_exp(m, s);
+        l *= alpha;
+#pragma unroll
+        for (int e = 0; e < HS; ++e) acc[e] *= alpha;
+        m = s;
+      }
+      const float p = math::softmax_exp(s, m);
+      l += p;
+      const float pr = round_to(p, pv_dtype);
+#pragma unroll
+      for (int e = 0; e < HS; ++e) acc[e] += pr * vs[jj][e];
+    }
+  }
+  if (!row) return;
+  const float inv = math::softmax_inv_sum(l);
+#pragma unroll
+  for (int e = 0; e < HS; ++e) stf<O>(out, (b * T + i) * C + h * HS + e, acc[e] * inv);
+  float* sr = stats + ((b * H + h) * T + i) * 2;
+  sr[0] = inv > 0.0f ? m : 0.0f;
+  sr[1] = inv;
+}
+
+// D[b, h, i] = dout_i . out_i over head h's columns, FP32.
+template <typename G, typename O>
+__global__ void k_flash_bwd_d(const G* dout, const O* out, int64_t T, int64_t H, int64_t hs, int64_t rows, float* D) {
+  GRID_STRIDE(x, rows * H) {
+    const int64_t r = x / H, h = x % H, C = H * hs;
+    float d = 0.0f;
+    for (int64_t e = 0; e < hs; ++e) d += ld<G>(dout, r * C + h * hs + e) * ld<O>(out, r * C + h * hs + e);
+    D[((r / T) * H + h) * T + r % T] = d;
+  }
+}
+
+// p of query i and key j recomputed as the forward left it: exp(s - m_i) / l_i.
+__device__ __forceinline__ float flash_p(float s, const float* st) { return math::softmax_exp(s, st[0]) * st[1]; }
+
+// dk, dv of one key row per thread: dv = sum_i round(p_ij) g_i, dk = sum_i ds_ij q_i, over queries i >= j.
+template <int HS, typename Q, typename G>
+__global__ void k_flash_bwd_dkdv(const Q* qkv, const G* dout, const float* stats, const float* D, int64_t T, int64_t H,
+                                 const uint8_t* mask, int pv_dtype, float scale, float* dqkv) {
+  const int64_t b = blockIdx.z, h = blockIdx.y, j0 = int64_t(blockIdx.x) * kFlashRows, j = j0 + threadIdx.x;
+  const int64_t C = H * HS, ld3 = 3 * C;
+  const Q* base = qkv + b * T * ld3;
+  const G* gb = dout + b * T * C;
+  const float* stb = stats + (b * H + h) * T * 2;
+  const float* Db = D + (b * H + h) * T;
+  __shared__ float qs[kFlashTile][HS], gs[kFlashTile][HS], sts[kFlashTile][2], ds_[kFlashTile];
+  const bool key = j < T && (!mask || mask[b * T + j]);
+  float k[HS], v[HS], dk[HS], dv[HS];
+#pragma unroll
+  for (int e = 0; e < HS; ++e) {
+    k[e] = j < T ? ld<Q>(base, j * ld3 + C + h * HS + e) : 0.0f;
+    v[e] = j < T ? ld<Q>(base, j * ld3 + 2 * C + h * HS + e) : 0.0f;
+    dk[e] = dv[e] = 0.0f;
+  }
+  for (int64_t i0 = j0; i0 < T; i0 += kFlashTile) {
+    __syncthreads();
+    for (int x = threadIdx.x; x < kFlashTile * HS; x += blockDim.x) {
+      const int ii = x / HS, e = x % HS;
+      const int64_t i = i0 + ii;
+      qs[ii][e] = i < T ? ld<Q>(base, i * ld3 + h * HS + e) : 0.0f;
+      gs[ii][e] = i < T ? ld<G>(gb, i * C + h * HS + e) : 0.0f;
+    }
+    for (int ii = threadIdx.x; ii < kFlashTile; ii += blockDim.x) {
+      const int64_t i = i0 + ii;
+      sts[ii][0] = i < T ? stb[i * 2] : 0.0f;
+      sts[ii][1] = i < T ? stb[i * 2 + 1] : 0.0f;
+      ds_[ii] = i < T ? Db[i] : 0.0f;
+    }
+    __syncthreads();
+    if (!key) continue;
+    for (int ii = 0; ii < kFlashTile; ++ii) {
+      const int64_t i = i0 + ii;
+      if (i >= T || i < j || sts[ii][1] == 0.0f) continue;
+      float s = 0.0f, dp = 0.0f;
+#pragma unroll
+      for (int e = 0; e < HS; ++e) {
+        s += qs[ii][e] * k[e];
+        dp += gs[ii][e] * v[e];
+      }
+      const float p = flash_p(s * scale, sts[ii]);
+      const float pr = round_to(p, pv_dtype);
+      const float ds = math::softmax_backward(p, dp, ds_[ii]) * scale;
+#pragma unroll
+      for (int e = 0; e < HS; ++e) {
+        dv[e] += pr * gs[ii][e];
+        dk[e] += ds * qs[ii][e];
+      }
+    }
+  }
+  if (j >= T) return;
+#pragma unroll
+  for (int e = 0; e < HS; ++e) {
+    dqkv[(b * T + j) * ld3 + C + h * HS + e] = dk[e];
+    dqkv[(b * T + j) * ld3 + 2 * C + h * HS + e] = dv[e];
+  }
+}
+
+// dq of one query row per thread: dq = sum_j ds_ij k_j over the allowed keys j <= i.
+template <int HS, typename Q, typename G>
+__global__ void k_flash_bwd_dq(const Q* qkv, const G* dout, const float* stats, const float* D, int64_t T, int64_t H,
+                               const uint8_t* mask, float scale, float* dqkv) {
+  const int64_t b = blockIdx.z, h = blockIdx.y, i0 = int64_t(blockIdx.x) * kFlashRows, i = i0 + threadIdx.x;
+  const int64_t C = H * HS, ld3 = 3 * C;
+  const Q* base = qkv + b * T * ld3;
+  const uint8_t* mk = mask ? mask + b * T : nullptr;
+  __shared__ float ks[kFlashTile][HS], vs[kFlashTile][HS];
+  const bool row = i < T;
+  float st[2] = {0.0f, 0.0f}, Di = 0.0f, q[HS], g[HS], dq[HS];
+  if (row) {
+    st[0] = stats[((b * H + h) * T + i) * 2];
+    st[1] = stats[((b * H + h) * T + i) * 2 + 1];
+    Di = D[(b * H + h) * T + i];
+  }
+#pragma unroll
+  for (int e = 0; e < HS; ++e) {
+    q[e] = row ? ld<Q>(base, i * ld3 + h * HS + e) : 0.0f;
+    g[e] = row ? ld<G>(dout, (b * T + i) * C + h * HS + e) : 0.0f;
+    dq[e] = 0.0f;
+  }
+  const int64_t keys = min(T, i0 + kFlashRows);
+  for (int64_t j0 = 0; j0 < keys; j0 += kFlashTile) {
+    __syncthreads();
+    for (int x = threadIdx.x; x < kFlashTile * HS; x += blockDim.x) {
+      const int jj = x / HS, e = x % HS;
+      const int64_t j = j0 + jj;
+      ks[jj][e] = j < T ? ld<Q>(base, j * ld3 + C + h * HS + e) : 0.0f;
+      vs[jj][e] = j < T ? ld<Q>(base, j * ld3 + 2 * C + h * HS + e) : 0.0f;
+    }
+    __syncthreads();
+    if (!row || st[1] == 0.0f) continue;
+    for (int jj = 0; jj < kFlashTile; ++jj) {
+      const int64_t j = j0 + jj;
+      if (j > i || (mk && !mk[j])) continue;
+      float s = 0.0f, dp = 0.0f;
+#pragma unroll
+      for (int e = 0; e < HS; ++e) {
+        s += q[e] * ks[jj][e];
+        dp += g[e] * vs[jj][e];
+      }
+      const float ds = math::softmax_backward(flash_p(s * scale, st), dp, Di) * scale;
+#pragma unroll
+      for (int e = 0; e < HS; ++e) dq[e] += ds * ks[jj][e];
+    }
+  }
+  if (!row) return;
+#pragma unroll
+  for (int e = 0; e < HS; ++e) dqkv[(b * T + i) * ld3 + h * HS + e] = dq[e];
+}
+
+// Calls f(std::integral_constant<int, HS>) for the head sizes the fused kernels are built for.
+template <typename F> void by_head_size(int64_t hs, F&& f) {
+  switch (hs) {
+    case 8: f(std::integral_constant<int, 8>{}); return;
+    case 16: f(std::integral_constant<int, 16>{}); return;
+    case 32: f(std::integral_constant<int, 32>{}); return;
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    default:
+      throw std::runtime_error("fused attention on the GPU is built for head sizes 8, 16, 32, 64 and 128, not " +
+                               std::to_string(hs) + " (model.gpt.attention: MATERIALIZED runs any head size)");
+  }
+}
+
+dim3 flash_grid(int64_t B, int64_t T, int64_t H) {
+  return dim3(static_cast<unsigned>((T + kFlashRows - 1) / kFlashRows), static_cast<unsigned>(H),
+              static_cast<unsigned>(B));
+}
+
+
 // ---- dropout, residual ---------------------------------------------------------------------------------------------
 template <typename T>
 __global__ void k_dropout(T* x, int64_t n, int64_t c, int64_t seq_len, float p, float inv_keep, uint64_t seed,
@@ -277,6 +490,55 @@ void attention_softmax_backward(const float* probs, float* dp, int64_t rows, int
   if (rows == 0) return;
   k_attn_softmax_bwd<<<warp_blocks(rows), kThreads, 0, st(s)>>>(probs, dp, rows, T, scale);
   check_launch("attention softmax backward");
+}
+
+bool flash_attention_head_size_supported(int64_t hs) {
+  return hs == 8 || hs == 16 || hs == 32 || hs == 64 || hs == 128;
+}
+
+void flash_attention_forward(const void* qkv, int qkv_dtype, int64_t B, int64_t T, int64_t H, int64_t hs,
+                             const uint8_t* key_mask, int pv_dtype, void* out, int out_dtype, float* stats, Stream s) {
+  if (B * T * H == 0) return;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  by_head_size(hs, [&](auto HSc) {
+    by_dtype(qkv_dtype, [&](auto Qt) {
+      by_dtype(out_dtype, [&](auto Ot) {
+        using TQ = decltype(Qt);
+        using TO = decltype(Ot);
+        k_flash_fwd<decltype(HSc)::value, TQ, TO><<<flash_grid(B, T, H), kFlashRows, 0, st(s)>>>(
+            static_cast<const TQ*>(qkv), T, H, key_mask, pv_dtype, scale, static_cast<TO*>(out), stats);
+      });
+    });
+  });
+  check_launch("flash attention forward");
+}
+
+void flash_attention_backward(const void* qkv, int qkv_dtype, const void* out, int out_dtype, const float* stats,
+                              const void* dout, int dout_dtype, int64_t B, int64_t T, int64_t H, int64_t hs,
+                              const uint8_t* key_mask, int pv_dtype, float* D, float* dqkv, Stream s) {
+  if (B * T * H == 0) return;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  by_head_size(hs, [&](auto HSc) {
+    by_dtype(dout_dtype, [&](auto Gt) {
+      using TG = decltype(Gt);
+      const TG* g = static_cast<const TG*>(dout);
+      by_dtype(out_dtype, [&](auto Ot) {
+        using TO = decltype(Ot);
+        k_flash_bwd_d<TG, TO><<<blocks_for(B * T * H), kThreads, 0, st(s)>>>(g, static_cast<const TO*>(out), T, H, hs,
+                                                                            B * T, D);
+      });
+      by_dtype(qkv_dtype, [&](auto Qt) {
+        using TQ = decltype(Qt);
+        const TQ* q = static_cast<const TQ*>(qkv);
+        constexpr int HS = decltype(HSc)::value;
+        k_flash_bwd_dkdv<HS, TQ, TG><<<flash_grid(B, T, H), kFlashRows, 0, st(s)>>>(q, g, stats, D, T, H, key_mask,
+                                                                                    pv_dtype, scale, dqkv);
+        k_flash_bwd_dq<HS, TQ, TG><<<flash_grid(B, T, H), kFlashRows, 0, st(s)>>>(q, g, stats, D, T, H, key_mask,
+                                                                                  scale, dqkv);
+      });
+    });
+  });
+  check_launch("flash attention backward");
 }
 
 void round_probs(const float* src, int64_t n, int pv_dtype, void* dst, int dst_dtype, Stream s) {
