@@ -54,7 +54,7 @@ RunConfig bench_config(const BenchArgs& args, int64_t& features, int32_t& classe
   for (int64_t d : image) syn->add_image_shape(d);
   syn->set_classes(classes);
   syn->set_train_samples(cfg.data().global_batch_size() * (args.steps + args.warmup));
-  syn->set_test_samples(std::max<int64_t>(cfg.data().eval_batch_size(), 1));
+  syn->set_test_samples(eval_batch_size(cfg, 1));  // one evaluation batch of a single rank
   cfg.mutable_train()->set_steps(args.steps + args.warmup);
   cfg.mutable_log()->set_phase_timing(true);
   cfg.mutable_log()->set_tensorboard(false);

@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--device", train.device, "override device.kind: cpu, cuda or auto (default: auto)");
   train_cmd->add_option("--set", train.sets, "override one field, e.g. --set optimizer.lr=0.05 (repeatable)");
   train_cmd->add_option("--run-dir", train.run_dir, "directory for metrics.jsonl (default: log.dir or runs/<name>)");
+  train_cmd->add_flag("--dry-run", train.dry_run,
+                      "check the config, print the memory estimate per rank and the memory this rank may use, and exit "
+                      "without creating or allocating anything (exit 2 when the run would not fit)");
   train_cmd->add_option("--resume", train.resume,
                         "auto: continue from the newest complete checkpoint in the checkpoint directory (or start "
                         "fresh when there is none); PATH: from that checkpoint");

@@ -87,6 +87,7 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
     if (!args.run_dir.empty()) check_text(args.run_dir, "--run-dir");
     if (!args.resume.empty()) check_text(args.resume, "--resume");
     comm.set_timeout(cfg.comm().timeout_s());
+    if (args.dry_run) return;  // no directory: the estimate below needs only the model and the data
     run_dir = !args.run_dir.empty() ? args.run_dir : !cfg.log().dir().empty() ? cfg.log().dir() : "runs/" + cfg.name();
     checkpoint_dir = !cfg.checkpoint().dir().empty() ? cfg.checkpoint().dir() : run_dir + "/checkpoints";
     if (comm.rank() == 0) {
@@ -111,6 +112,17 @@ int run_train_command(const TrainArgs& args, MpiCommunicator& comm) {
   });
   // Everything above is local to each rank (no collective), so a rank that failed cannot leave another waiting.
   if (int rc = agree_on_failure(comm, setup)) return refuse(rc);
+  if (args.dry_run) {
+    PhaseResult dry;
+    run_phase(dry, source, [&] {
+      const ModelParts parts = build_model_parts(cfg, comm);
+      const MemoryEstimate e = parts.estimate(cfg, comm.world_size());
+      const MemoryBudget budget = memory_budget(Device::kCPU, comm.local_size());
+      if (comm.rank() == 0) std::cout << describe(e, budget) << std::flush;
+      check_memory_fits(e, budget, cfg, comm.world_size());
+    });
+    return agree_on_failure(comm, dry);
+  }
 
   // Each rank's GPU: the node's ranks gather the GPUs each sees (a collective every rank reaches), and every rank
   // computes the same assignment (comm/device_binding.h), so a node with more ranks than GPUs refuses alike on all.

@@ -16,6 +16,7 @@ struct TrainArgs {
   std::string run_dir;              // --run-dir DIR ("" = log.dir or runs/<name>)
   std::string resume;               // --resume auto|PATH ("" = start fresh)
   std::string init_from;            // --init-from PATH (model.init_from; "" = the config's)
+  bool dry_run = false;             // --dry-run: print the memory estimate and stop (nothing created or allocated)
 };
 
 // Returns the process exit code (0 on success). Errors during set-up (bad input) are agreed on by every rank and

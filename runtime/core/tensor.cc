@@ -1,10 +1,11 @@
 #include "runtime/core/tensor.h"
 
-#include "runtime/core/device.h"
-
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+
+#include "runtime/core/device.h"
 
 namespace ampdist {
 
@@ -27,6 +28,14 @@ static void check_shape(const Shape& shape) {
     if (d < 0) throw Error("tensor shape " + shape_str(shape) + " has a negative dimension");
 }
 
+namespace {
+std::atomic<int64_t> g_host_bytes{0}, g_host_peak{0};
+}  // namespace
+
+int64_t host_tensor_bytes() { return g_host_bytes.load(); }
+int64_t host_tensor_peak_bytes() { return g_host_peak.load(); }
+void reset_host_tensor_peak_bytes() { g_host_peak.store(g_host_bytes.load()); }
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   check_shape(shape);
   Tensor t;
@@ -47,7 +56,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw Error("out of host memory allocating " + std::to_string(rounded) + " bytes");
-  t.storage_ = std::shared_ptr<void>(p, std::free);
+  const int64_t live = g_host_bytes.fetch_add(static_cast<int64_t>(rounded)) + static_cast<int64_t>(rounded);
+  for (int64_t peak = g_host_peak.load(); live > peak && !g_host_peak.compare_exchange_weak(peak, live);) {
+  }
+  t.storage_ = std::shared_ptr<void>(p, [rounded](void* q) {
+    g_host_bytes.fetch_sub(static_cast<int64_t>(rounded));
+    std::free(q);
+  });
   t.capacity_bytes_ = rounded;
   t.data_ = p;
   return t;

@@ -20,6 +20,12 @@ namespace ampdist {
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[128, 784]"
+
+// Bytes of host memory owned by tensors now (allocations rounded to 64 bytes), and the most there has been since the
+// start or the last reset: what the memory estimate (runtime/train/memory_estimate.h) is tested against.
+int64_t host_tensor_bytes();
+int64_t host_tensor_peak_bytes();
+void reset_host_tensor_peak_bytes();
 int64_t shape_numel(const Shape& s);
 
 class Tensor {

@@ -48,6 +48,13 @@ void Conv2d::collect_parameters(std::vector<Parameter*>& out) {
   if (o_.bias) out.push_back(&bias_);
 }
 
+Shape Conv2d::output_shape(const Shape& in) const {
+  if (in.size() != 4) return in;
+  const kernels::ConvShape s{in[0], o_.in, in[2], in[3], o_.out, o_.kernel, o_.kernel, o_.stride, o_.padding,
+                             o_.dilation, o_.groups};
+  return {in[0], o_.out, s.out_h(), s.out_w()};
+}
+
 const Tensor& Conv2d::forward(const Tensor& x) {
   if (x.ndim() != 4 || x.dim(1) != o_.in)
     throw Error("Conv2d " + name() + ": input " + shape_str(x.shape()) + ", expected [N, " + std::to_string(o_.in) +
@@ -205,6 +212,14 @@ Pool2d::Pool2d(std::string name, Kind kind, int64_t kernel, int64_t stride, int6
   s_.pad = padding;
 }
 
+Shape Pool2d::output_shape(const Shape& in) const {
+  if (in.size() != 4) return in;
+  kernels::PoolShape s = s_;
+  s.h = in[2];
+  s.w = in[3];
+  return {in[0], in[1], s.out_h(), s.out_w()};
+}
+
 const Tensor& Pool2d::forward(const Tensor& x_in) {
   if (x_in.ndim() != 4) throw Error("Pool2d " + name() + ": input " + shape_str(x_in.shape()) + " is not NCHW");
   const Tensor& x = in_dtype(x_in, DType::kFloat32, x_cast_);
@@ -331,6 +346,15 @@ void BasicBlock::set_mode(bool training, int64_t step) {
   bn1_->set_mode(training, step);
   bn2_->set_mode(training, step);
   if (down_bn_) down_bn_->set_mode(training, step);
+}
+
+int64_t BasicBlock::activation_bytes(const Shape& in, DType working, bool training) const {
+  const int64_t out = shape_numel(output_shape(in)), es = static_cast<int64_t>(dtype_size(working));
+  const int64_t branches = down_conv_ ? 2 : 1;
+  // Per branch a conv output (working dtype) and a BatchNorm output (FP32), conv2's input, and the FP32 sum.
+  int64_t bytes = branches * out * (es + 4) + out * (es + 4) + out * 4;
+  if (training) bytes += (branches + 2) * out * 4 + shape_numel(in) * 4;  // BatchNorm and conv input gradients
+  return bytes;
 }
 
 const Tensor& BasicBlock::forward(const Tensor& x_in) {

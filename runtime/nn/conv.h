@@ -40,6 +40,7 @@ class Conv2d : public Module {
   void collect_parameters(std::vector<Parameter*>& out) override;
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  Shape output_shape(const Shape& in) const override;
 
  private:
   Options o_;
@@ -126,6 +127,7 @@ class Pool2d : public Module {
   Pool2d(std::string name, Kind kind, int64_t kernel, int64_t stride, int64_t padding);
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  Shape output_shape(const Shape& in) const override;
 
  private:
   Kind kind_;
@@ -141,6 +143,9 @@ class GlobalAvgPool2d : public Module {
   explicit GlobalAvgPool2d(std::string name) : Module(std::move(name)) {}
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  Shape output_shape(const Shape& in) const override {
+    return in.size() == 4 ? Shape{in[0], in[1], 1, 1} : in;
+  }
 
  private:
   Shape in_shape_;
@@ -153,6 +158,10 @@ class Flatten : public Module {
   explicit Flatten(std::string name) : Module(std::move(name)) {}
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  Shape output_shape(const Shape& in) const override {
+    return in.empty() ? in : Shape{in[0], in[0] ? shape_numel(in) / in[0] : 0};
+  }
+  int64_t activation_bytes(const Shape&, DType, bool) const override { return 0; }  // views
 
  private:
   Shape in_shape_;
@@ -165,6 +174,10 @@ class ImageView : public Module {
   ImageView(std::string name, Shape chw) : Module(std::move(name)), chw_(std::move(chw)) {}
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  Shape output_shape(const Shape& in) const override {
+    return in.empty() ? in : Shape{in[0], chw_.at(0), chw_.at(1), chw_.at(2)};
+  }
+  int64_t activation_bytes(const Shape&, DType, bool) const override { return 0; }  // views
 
  private:
   Shape chw_;
@@ -187,6 +200,9 @@ class BasicBlock : public Module {
   void set_mode(bool training, int64_t step) override;
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  Shape output_shape(const Shape& in) const override { return conv1_->output_shape(in); }
+  // conv1, bn1, conv2, bn2 (FP32), the downsample's conv and BatchNorm and the FP32 sum; the backward's gradients.
+  int64_t activation_bytes(const Shape& in, DType working, bool training) const override;
 
  private:
   std::unique_ptr<Conv2d> conv1_, conv2_, down_conv_;

@@ -153,6 +153,30 @@ const Tensor& GptModel::forward(const Tensor& x) {
   return run(ids_, T);
 }
 
+Shape GptModel::output_shape(const Shape& in) const {
+  return {(in.empty() ? 0 : in[0]) * cfg_.seq_len(), cfg_.vocab_size()};
+}
+
+int64_t GptModel::activation_bytes(const Shape& in, DType working, bool training) const {
+  const int64_t N = (in.empty() ? 0 : in[0]) * cfg_.seq_len(), T = cfg_.seq_len(), C = cfg_.n_embd(),
+                H = cfg_.n_head(), L = cfg_.n_layer(), V = cfg_.vocab_size();
+  const int64_t w = static_cast<int64_t>(dtype_size(working)), hw = static_cast<int64_t>(dtype_size(head_dtype_));
+  const bool materialized = cfg_.attention() == MATERIALIZED;
+  // Per layer: two residual streams (FP32), the two LayerNorms' mean and rstd, the working-dtype buffers.
+  int64_t per_layer = 8 * C + 16 + 16 * C * w + (materialized ? 4 * H * T : 8 * H);
+  int64_t global = 8 * C + 8 + C * hw + V * hw;  // embedding and residual 0, ln_f and its statistics, logits
+  if (training) {
+    per_layer += 14 * C * w + (w < 4 ? 2 * C * w : 0);
+    // dlogits, the loss's per-row values, the head's input gradient, the residual gradient (and the branch
+    // gradient's FP32 copy under dropout)
+    global += V * hw + 8 + C * hw + 4 * C + (cfg_.dropout() > 0.0f ? 4 * C : 0);
+  }
+  int64_t bytes = N * (L * per_layer + global);
+  if (materialized && L > 0)  // the kernels' per-thread scores (and, training, dp and ds) of one window
+    bytes += static_cast<int64_t>(kernels::num_threads()) * H * T * T * 4 * (training ? 3 : 1);
+  return bytes;
+}
+
 const Tensor& GptModel::logits(std::span<const int32_t> tokens, int64_t batch, int64_t t) {
   if (batch <= 0 || t <= 0 || t > cfg_.seq_len() || static_cast<int64_t>(tokens.size()) != batch * t)
     throw Error("gpt: " + std::to_string(tokens.size()) + " tokens are not " + std::to_string(batch) +

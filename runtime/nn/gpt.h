@@ -64,6 +64,15 @@ class GptModel : public Module {
   int64_t seq_len() const { return cfg_.seq_len(); }
   // Per-window key masks for attention ([B*T], 1 = may be attended), for tests of masked rows; empty = causal only.
   void set_key_mask(const std::vector<uint8_t>& mask);
+  // Memory estimate: logits [B * T, V] for an input [B, T + 3]. Activation bytes, as run() and backward() keep
+  // them, per token: per layer the FP32 residual streams (8 C bytes) and LayerNorm statistics, 16 C of the working
+  // dtype's size for the forward (LayerNorm outputs, qkv, the attention output, the MLP's 4 C hidden and activated,
+  // the branch outputs) and, when training, 14 C for the backward (dqkv, the Linears' and GELU's input gradients)
+  // plus 2 C of FP32-to-working casts under autocast; the attention kernel's state (FLASH: 2 floats per head;
+  // MATERIALIZED: T per head, and its per-thread [H, T, T] scratch); the head's logits and their gradient (V each,
+  // the head's dtype) and the FP32 residual gradient.
+  Shape output_shape(const Shape& in) const override;
+  int64_t activation_bytes(const Shape& in, DType working, bool training) const override;
 
  private:
   struct Block;

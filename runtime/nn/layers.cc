@@ -132,6 +132,22 @@ void Sequential::set_mode(bool training, int64_t step) {
   for (auto& l : layers_) l->set_mode(training, step);
 }
 
+Shape Sequential::output_shape(const Shape& in) const {
+  Shape s = in;
+  for (const auto& l : layers_) s = l->output_shape(s);
+  return s;
+}
+
+int64_t Sequential::activation_bytes(const Shape& in, DType working, bool training) const {
+  int64_t bytes = 0;
+  Shape s = in;
+  for (const auto& l : layers_) {
+    bytes += l->activation_bytes(s, working, training);
+    s = l->output_shape(s);
+  }
+  return bytes;
+}
+
 const Tensor& Sequential::forward(const Tensor& x) {
   if (layers_.empty()) return identity_ = x;
   const Tensor* h = &x;

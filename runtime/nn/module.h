@@ -147,6 +147,18 @@ class Module {
   // tensor on the parameters' device. The CUDA step copies inputs to the GPU only for models that return false.
   virtual bool takes_host_input() const { return false; }
 
+  // For the memory estimate (runtime/train/memory_estimate.h), without running anything or allocating. The shape
+  // forward() returns for an input of shape `in` (batch first). Default: `in` (an element-wise layer).
+  virtual Shape output_shape(const Shape& in) const { return in; }
+  // Bytes of the buffers this module keeps for an input of shape `in` in a run whose working dtype is `working`:
+  // what its forward keeps (its output, what the backward reads) and, when `training`, its backward's buffers (the
+  // input gradient and casts). Default: the output and, when training, the input gradient, both of the working
+  // dtype's size.
+  virtual int64_t activation_bytes(const Shape& in, DType working, bool training) const {
+    const int64_t es = static_cast<int64_t>(dtype_size(working));
+    return shape_numel(output_shape(in)) * es + (training ? shape_numel(in) * es : 0);
+  }
+
  private:
   std::string name_;
 };
@@ -164,6 +176,8 @@ class Sequential : public Module {
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
   void set_mode(bool training, int64_t step) override;
+  Shape output_shape(const Shape& in) const override;
+  int64_t activation_bytes(const Shape& in, DType working, bool training) const override;  // the layers' sum
 
   // Called after each layer's forward with (layer index, the layer, its output), for observability: the numerics
   // report reads the output, a fault drill may write one element of it. Empty (the default) costs one test per
@@ -189,6 +203,7 @@ class Linear : public Module {
   void collect_parameters(std::vector<Parameter*>& out) override;
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  Shape output_shape(const Shape& in) const override { return {in.empty() ? 0 : in[0], out_}; }
 
  private:
   int64_t in_, out_;

@@ -299,7 +299,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   positive("data.global_batch_size", static_cast<double>(d.global_batch_size()));
   positive("data.prefetch_steps", d.prefetch_steps());
   if (d.prefetch_steps() > 64) fail("data.prefetch_steps", "must be <= 64", str(d.prefetch_steps()));
-  positive("data.eval_batch_size", static_cast<double>(d.eval_batch_size()));
+  if (d.eval_batch_size() < 0) fail("data.eval_batch_size", "must be >= 0 (0: the training micro-batch)", str(d.eval_batch_size()));
   if (d.has_idx()) {
     if (d.idx().dir().empty()) fail("data.idx.dir", "must name a directory", "\"\"");
     positive("data.idx.std", d.idx().std());

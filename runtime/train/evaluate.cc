@@ -1,6 +1,7 @@
 // Evaluation over the whole test set, each rank taking a contiguous slice; counts and losses summed over ranks.
 #include <algorithm>
 
+#include "runtime/train/memory_estimate.h"
 #include "runtime/train/trainer.h"
 
 namespace ampdist {
@@ -14,7 +15,7 @@ EvalResult Trainer::evaluate() {
   int64_t begin = 0;
   for (int r = 0; r < comm_.rank(); ++r) begin += counts[r];
   const int64_t end = begin + counts[comm_.rank()];
-  const int64_t bs = cfg_.data().eval_batch_size();
+  const int64_t bs = eval_batch_size(cfg_, comm_.world_size());
   const int64_t dim = test_->feature_dim();
   double loss_sum = 0.0;
   int64_t correct = 0;

@@ -35,35 +35,55 @@ void check_init_from(const RunConfig& cfg) {
   const PretrainedSource source(cfg.model().init_from(), flat_layout(params), &cfg.model().gpt());
 }
 
-std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
+ModelParts build_model_parts(const RunConfig& cfg, Communicator& comm) {
   const Device dev = comm.device();
-  const DType working = resolve_dtype(cfg.precision().dtype(), dev,
-                                      dev == Device::kCUDA && device::properties(device::current_device()).bf16);
-  const Autocast autocast(working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
+  ModelParts m;
+  m.working = resolve_dtype(cfg.precision().dtype(), dev,
+                            dev == Device::kCUDA && device::properties(device::current_device()).bf16);
+  const Autocast autocast(m.working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
   if (cfg.model().has_gpt()) {
     // Language model: windows of the token data; evaluation is the validation loss in nats per token.
     const GptConfig& g = cfg.model().gpt();
     DatasetPair data = load_token_datasets(cfg.data(), g.seq_len(), g.vocab_size());
     auto model = std::make_unique<GptModel>(g, autocast, cfg.train().seed());
-    auto loss = std::make_unique<LanguageModelLoss>(*model);
-    return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), data.train, data.test);
+    m.criterion = std::make_unique<LanguageModelLoss>(*model);
+    m.model = std::move(model);
+    m.train = data.train;
+    m.test = data.test;
+    return m;
   }
   DatasetPair data = load_datasets(cfg.data(), cfg.train().seed());
+  m.train = data.train;
+  m.test = data.test;
+  m.criterion = std::make_unique<SoftmaxCrossEntropy>();
   if (cfg.model().has_cnn() || cfg.model().has_resnet()) {
     validate_for_device(cfg, dev, "config");
     BatchNorm2d::AllReduce sync;
     if (cfg.model().sync_batchnorm())
       sync = [&comm](std::span<double> v) { comm.allreduce_f64(v, ReduceOp::kSum, "sync batchnorm all-reduce"); };
     const std::vector<int64_t> image = data.train->sample_shape();
-    auto model = cfg.model().has_cnn()
-                     ? build_cnn(cfg.model().cnn(), image, data.train->classes(), autocast, sync)
-                     : build_resnet(cfg.model().resnet(), image, data.train->classes(), autocast, sync);
-    return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
-                                     data.test);
+    m.model = cfg.model().has_cnn() ? build_cnn(cfg.model().cnn(), image, data.train->classes(), autocast, sync)
+                                    : build_resnet(cfg.model().resnet(), image, data.train->classes(), autocast, sync);
+    return m;
   }
-  auto model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
-  return std::make_unique<Trainer>(cfg, comm, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), data.train,
-                                   data.test);
+  m.model = build_mlp(cfg.model().mlp(), data.train->feature_dim(), data.train->classes(), autocast);
+  return m;
+}
+
+MemoryEstimate ModelParts::estimate(const RunConfig& cfg, int world_size) const {
+  std::vector<Parameter*> params;
+  model->collect_parameters(params);
+  int64_t numel = 0;
+  for (const Parameter* p : params) numel += p->numel();
+  return estimate_memory(cfg, *model, numel, {train->feature_dim()}, working, world_size);
+}
+
+std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
+  ModelParts m = build_model_parts(cfg, comm);
+  // Before the trainer allocates anything of the model's size: refuse a run that cannot fit.
+  check_memory_fits(m.estimate(cfg, comm.world_size()), memory_budget(comm.device(), comm.local_size()), cfg,
+                    comm.world_size());
+  return std::make_unique<Trainer>(cfg, comm, std::move(m.model), std::move(m.criterion), m.train, m.test);
 }
 
 }  // namespace ampdist

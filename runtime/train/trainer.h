@@ -38,6 +38,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/train/due_steps.h"
 #include "runtime/train/faults.h"
+#include "runtime/train/memory_estimate.h"
 
 namespace ampdist {
 
@@ -225,8 +226,20 @@ class Trainer {
   bool reported_first_nonfinite_ = false;
 };
 
-// The trainer of a config: its datasets (data {...}) and its model (model {...}) with its loss
-// (train/model_factory.cc).
+// What a config describes, built but not allocated: its datasets (data {...}), its model (model {...}; parameters
+// not yet bound) with its loss, and the working dtype (train/model_factory.cc).
+struct ModelParts {
+  std::unique_ptr<Module> model;
+  std::unique_ptr<Criterion> criterion;
+  std::shared_ptr<const Dataset> train, test;
+  DType working = DType::kFloat32;
+  // The memory this model needs per rank on `world_size` ranks (runtime/train/memory_estimate.h).
+  MemoryEstimate estimate(const RunConfig& cfg, int world_size) const;
+};
+ModelParts build_model_parts(const RunConfig& cfg, Communicator& comm);
+
+// The trainer of a config: build_model_parts, then (check_memory_fits: bad input, exit 2, before anything of the
+// model's size is allocated) a run that cannot fit in the memory this rank may use is refused.
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm);
 
 // The step's constants from the config (optimizer, schedule, clipping) and the loss scaler's rule: what finish_step

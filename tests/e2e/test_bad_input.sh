@@ -302,4 +302,50 @@ no_trace "18 optimizer.zero_stage 0 with comm.mode REDUCE_SCATTER (its deprecate
   "contradicts optimizer.zero_stage: 0" -- \
   train --config "$BASE" --set optimizer.zero_stage=0 --set comm.mode=REDUCE_SCATTER
 
+# 19: a run that cannot fit in the memory this rank may use is refused at set-up, in seconds, before anything of
+# the model's size is allocated, naming the field to change (the largest part of the estimate), with no run
+# directory left. A GPT-2-124M-shaped model (124M parameters, 12 x 1024 x 768) whose activations at 8 windows of
+# 1024 tokens per rank (about 12 GiB) exceed an address-space limit of 5.7 GiB, the same at 4096 windows per rank
+# (about 6 TiB) beyond any machine's physical memory, and an MLP whose weights, gradients and optimizer state
+# (9.2 x 10^8 parameters, 12 bytes each with SGD momentum: 10.3 GiB) exceed the address-space limit.
+cat >"$TMP/gpt124.pbtxt" <<EOF
+model { gpt { n_layer: 12 n_head: 12 n_embd: 768 seq_len: 1024 vocab_size: 50257 padded_vocab_multiple: 128 } }
+data { text { paths: "/usr/share/games/fortunes" val_fraction: 0.1 } global_batch_size: 16 }
+optimizer { adamw { } lr: 0.0006 }
+train { steps: 1 }
+EOF
+# refused_in_seconds CASE ARGS...: no_trace ARGS..., and the refusal took less than 5 s.
+refused_in_seconds() {
+  local name=$1 t0 t1
+  shift
+  t0=$(date +%s%N)
+  no_trace "$@"
+  t1=$(date +%s%N)
+  local ms=$(((t1 - t0) / 1000000))
+  [ "$ms" -lt 5000 ] && ok "$name: refused in $ms ms (< 5 s)" || not_ok "$name: refused in $ms ms, expected < 5 s"
+}
+( ulimit -v 6000000
+  refused_in_seconds "19a" "19a GPT activations beyond ulimit -v" "$TMP/refused19/a" \
+    "re:needs about 1[0-9][.][0-9]+ GiB per rank .*[(]ulimit -v[)] allows 5[.]72 GiB; change data.global_batch_size" -- \
+    train --config "$TMP/gpt124.pbtxt"
+  refused_in_seconds "19b" "19b MLP weights beyond ulimit -v" "$TMP/refused19/b" \
+    "re:needs about 1[0-9][.][0-9]+ GiB per rank .*[(]ulimit -v[)] allows 5[.]72 GiB; change optimizer.zero_stage: 1" -- \
+    train --config "$BASE" --set 'model.mlp.hidden=[30000, 30000]'
+  exit "$FAILED" ) || FAILED=1
+refused_in_seconds "19c" "19c GPT activations beyond physical memory" "$TMP/refused19/c" \
+  "re:needs about [0-9.]+ GiB per rank .* physical memory / 2 ranks on this node allows .*; change data.global_batch_size" -- \
+  train --config "$TMP/gpt124.pbtxt" --set data.global_batch_size=8192
+# The estimate without running: --dry-run prints it, creates nothing and exits 0 (2 when the run would not fit).
+out="$TMP/dry.out"
+timeout 120 "$AMPDIST" train --config "$TMP/gpt124.pbtxt" --set data.global_batch_size=2 --run-dir "$TMP/dry/run" \
+  --dry-run >"$out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^memory estimate per rank: [0-9.]* GiB (124475904 parameters)" "$out" &&
+   grep -q "activations: micro-batch of 2 " "$out" && [ ! -e "$TMP/dry" ]; then
+  ok "19d --dry-run prints the estimate (124475904 parameters, micro-batch 2), creates nothing, exit 0"
+else
+  not_ok "19d --dry-run" "exit $rc"
+  show "$out"
+fi
+
 exit "$FAILED"
