@@ -65,6 +65,18 @@ const Tensor& CausalSelfAttention::backward(const Tensor& dy, GradContext& ctx) 
   return c_attn_->backward(dqkv_, ctx);
 }
 
+void CausalSelfAttention::release_backward_buffers() {
+  dqkv_ = Tensor();
+  c_attn_->release_backward_buffers();
+  c_proj_->release_backward_buffers();
+}
+
+void CausalSelfAttention::release_buffers() {
+  qkv_ = probs_ = stats_ = y_ = dqkv_ = Tensor();
+  c_attn_->release_buffers();
+  c_proj_->release_buffers();
+}
+
 namespace {
 // A host FP32 copy of a (possibly device, possibly 16-bit) tensor.
 std::vector<float> host_fp32(const Tensor& t) {

@@ -36,6 +36,8 @@ void check_config(const GptConfig& c) {
     throw bad("padded_vocab_multiple", "must be in [1, 4096], got " + std::to_string(c.padded_vocab_multiple()));
   if (!(c.init_scale() > 0.0f) || !std::isfinite(c.init_scale()))
     throw bad("init_scale", "must be finite and > 0, got " + std::to_string(c.init_scale()));
+  if (c.recompute() != NONE && c.recompute() != POINTWISE && c.recompute() != BLOCK)
+    throw bad("recompute", "must be NONE, POINTWISE or BLOCK, got " + GptRecompute_Name(c.recompute()));
   if (c.attention() != FLASH && c.attention() != MATERIALIZED)
     throw bad("attention", "must be FLASH or MATERIALIZED, got " + AttentionKernel_Name(c.attention()));
   const double params = 12.0 * c.n_layer() * double(c.n_embd()) * c.n_embd() +
@@ -50,6 +52,19 @@ struct GptModel::Block {
   std::unique_ptr<CausalSelfAttention> attn;
   std::unique_ptr<Linear> c_fc, c_proj;
   std::unique_ptr<Activation> gelu;
+
+  // The block's two branch outputs, once added into the residual stream: nothing reads them again.
+  void release_branch_outputs() {
+    attn->c_proj().release_output();
+    c_proj->release_output();
+  }
+  void release_backward_buffers() {
+    for (Module* m : modules()) m->release_backward_buffers();
+  }
+  void release_buffers() {
+    for (Module* m : modules()) m->release_buffers();
+  }
+  std::vector<Module*> modules() { return {ln_1.get(), attn.get(), ln_2.get(), c_fc.get(), gelu.get(), c_proj.get()}; }
 };
 
 GptModel::GptModel(const GptConfig& cfg, const Autocast& autocast, uint64_t seed)
@@ -161,17 +176,28 @@ int64_t GptModel::activation_bytes(const Shape& in, DType working, bool training
   const int64_t N = (in.empty() ? 0 : in[0]) * cfg_.seq_len(), T = cfg_.seq_len(), C = cfg_.n_embd(),
                 H = cfg_.n_head(), L = cfg_.n_layer(), V = cfg_.vocab_size();
   const int64_t w = static_cast<int64_t>(dtype_size(working)), hw = static_cast<int64_t>(dtype_size(head_dtype_));
-  const bool materialized = cfg_.attention() == MATERIALIZED;
-  // Per layer: two residual streams (FP32), the two LayerNorms' mean and rstd, the working-dtype buffers.
-  int64_t per_layer = 8 * C + 16 + 16 * C * w + (materialized ? 4 * H * T : 8 * H);
-  int64_t global = 8 * C + 8 + C * hw + V * hw;  // embedding and residual 0, ln_f and its statistics, logits
-  if (training) {
-    per_layer += 14 * C * w + (w < 4 ? 2 * C * w : 0);
-    // dlogits, the loss's per-row values, the head's input gradient, the residual gradient (and the branch
-    // gradient's FP32 copy under dropout)
-    global += V * hw + 8 + C * hw + 4 * C + (cfg_.dropout() > 0.0f ? 4 * C : 0);
+  const bool materialized = cfg_.attention() == MATERIALIZED, recompute = cfg_.recompute() == BLOCK;
+  // A block's forward buffers: the LayerNorms' statistics, the LayerNorm outputs (2 C), qkv (3 C), the attention
+  // output (C), the MLP's hidden and activated (8 C), the attention kernel's state.
+  const int64_t block_forward = 16 + 14 * C * w + (materialized ? 4 * H * T : 8 * H);
+  // A block's backward buffers: dqkv (3 C), the Linears' and GELU's input gradients (11 C), and under autocast the
+  // two c_proj Linears' working-dtype copies of the FP32 residual gradient.
+  const int64_t block_backward = 14 * C * w + (w < 4 ? 2 * C * w : 0);
+  // Per layer the two FP32 residual streams it adds, and its forward buffers (one block's under recompute: BLOCK;
+  // under POINTWISE the blocks share one output of each LayerNorm and of the GELU).
+  int64_t per_token = L * 8 * C + (recompute ? std::min<int64_t>(L, 1) : L) * block_forward;
+  if (cfg_.recompute() == POINTWISE && L > 0) per_token -= (L - 1) * 6 * C * w;
+  per_token += 8 * C + 8 + C * hw + V * hw;  // the embedding and residual 0, ln_f and its statistics, the logits
+  if (!training) {
+    per_token += L > 0 ? 2 * C * w : 0;  // a block's two branch outputs, until the block ends
+  } else {
+    // The peak is in the backward, once the branch outputs are gone: one block's backward buffers and these.
+    per_token += (L > 0 ? block_backward : 0);
+    // the loss's per-row values (dlogits overwrite the logits), the head's input gradient, the residual gradient
+    // (and the branch gradient's FP32 copy under dropout)
+    per_token += 8 + C * hw + 4 * C + (cfg_.dropout() > 0.0f ? 4 * C : 0);
   }
-  int64_t bytes = N * (L * per_layer + global);
+  int64_t bytes = N * per_token;
   if (materialized && L > 0)  // the kernels' per-thread scores (and, training, dp and ds) of one window
     bytes += static_cast<int64_t>(kernels::num_threads()) * H * T * T * 4 * (training ? 3 : 1);
   return bytes;
@@ -193,7 +219,9 @@ const Tensor& GptModel::logits(std::span<const int32_t> tokens, int64_t batch, i
 }
 
 const Tensor& GptModel::prefill(std::span<const int32_t> tokens) {
+  keep_block_buffers_ = true;  // every block's keys and values are read below, also under recompute
   const Tensor& out = logits(tokens, 1, static_cast<int64_t>(tokens.size()));
+  keep_block_buffers_ = false;
   for (auto& b : blocks_) b->attn->cache_last_forward();
   cached_ = static_cast<int64_t>(tokens.size());
   return out;
@@ -236,13 +264,33 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
     kernels::add_inplace(resid_[k + 1], br);
     ++k;
   };
+  const bool recompute = cfg_.recompute() == BLOCK && !keep_block_buffers_;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = *blocks_[l];
-    residual(b.attn->forward(b.ln_1->forward(resid_[k])), static_cast<uint32_t>(1 + 2 * l));
-    const Tensor& h = b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[k])));
-    residual(b.c_proj->forward(h), static_cast<uint32_t>(2 + 2 * l));
+    // POINTWISE: the LayerNorm and GELU outputs go to the shared buffers, overwritten by the next block.
+    const bool shared = cfg_.recompute() == POINTWISE;
+    if (shared) b.ln_1->forward_into(resid_[k], ln_out_[0]);
+    residual(b.attn->forward(shared ? ln_out_[0] : b.ln_1->forward(resid_[k])), static_cast<uint32_t>(1 + 2 * l));
+    if (shared) b.ln_2->forward_into(resid_[k], ln_out_[1]);
+    const Tensor& fc = b.c_fc->forward(shared ? ln_out_[1] : b.ln_2->forward(resid_[k]));
+    const Tensor* h = &gelu_out_;
+    if (shared) b.gelu->forward_into(fc, gelu_out_);
+    else h = &b.gelu->forward(fc);
+    residual(b.c_proj->forward(*h), static_cast<uint32_t>(2 + 2 * l));
+    b.release_branch_outputs();
+    if (recompute) b.release_buffers();  // the block's input (resid_) is all the backward's rerun needs
   }
   return head(ln_f_->forward(resid_[k]));
+}
+
+void GptModel::recompute_block(size_t l) {
+  // The forward of run() for block l from its kept input, without the residual adds (resid_ holds their results):
+  // the same deterministic kernels on the same inputs, so every buffer the backward reads is bitwise the original.
+  // The branch outputs (and their dropout, which nothing upstream reads) are not needed again.
+  Block& b = *blocks_[l];
+  b.attn->forward(b.ln_1->forward(resid_[2 * l]));
+  b.c_proj->forward(b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[2 * l + 1]))));
+  b.release_branch_outputs();
 }
 
 const Tensor& GptModel::head(const Tensor& hf) {
@@ -294,12 +342,25 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
     dropout(dbranch_, site);
     return dbranch_;
   };
+  const bool recompute = cfg_.recompute() == BLOCK;
   for (size_t l = blocks_.size(); l-- > 0;) {
     Block& b = *blocks_[l];
+    if (recompute) recompute_block(l);
+    if (cfg_.recompute() == POINTWISE) {  // this block's point-wise outputs again, where the GEMMs' backward reads them
+      b.ln_1->forward_into(resid_[2 * l], ln_out_[0]);
+      b.attn->c_attn().resave_input(ln_out_[0]);
+      b.ln_2->forward_into(resid_[2 * l + 1], ln_out_[1]);
+      b.c_fc->resave_input(ln_out_[1]);
+      b.gelu->forward_into(b.c_fc->output(), gelu_out_);
+      b.c_proj->resave_input(gelu_out_);
+    }
     const Tensor& dm = b.c_fc->backward(b.gelu->backward(b.c_proj->backward(branch_grad(2 + 2 * l), ctx), ctx), ctx);
     b.ln_2->backward_into(dm, ctx, dresid_, true);
     const Tensor& da = b.attn->backward(branch_grad(1 + 2 * l), ctx);
     b.ln_1->backward_into(da, ctx, dresid_, true);
+    // One block's backward buffers at a time; under recompute one block's buffers of any kind.
+    if (recompute) b.release_buffers();
+    else b.release_backward_buffers();
   }
   dropout(dresid_, 0);
   emb_->set_keep_token_grad(!lm_head_);
@@ -324,7 +385,7 @@ double LanguageModelLoss::forward(const Tensor& logits, std::span<const int32_t>
 }
 
 const Tensor& LanguageModelLoss::backward(float grad_scale) {
-  dlogits_.ensure(logits_.shape(), logits_.dtype(), logits_.device());
+  dlogits_ = logits_;  // in place: an element-wise kernel, and nothing reads the logits after their gradient
   const float seq_len = static_cast<float>(model_.seq_len());
   if (device_scale_)
     kernels::softmax_cross_entropy_backward_from(logits_, model_.targets(), targets_dev_, lse_, device_scale_,

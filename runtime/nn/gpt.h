@@ -64,13 +64,17 @@ class GptModel : public Module {
   int64_t seq_len() const { return cfg_.seq_len(); }
   // Per-window key masks for attention ([B*T], 1 = may be attended), for tests of masked rows; empty = causal only.
   void set_key_mask(const std::vector<uint8_t>& mask);
-  // Memory estimate: logits [B * T, V] for an input [B, T + 3]. Activation bytes, as run() and backward() keep
-  // them, per token: per layer the FP32 residual streams (8 C bytes) and LayerNorm statistics, 16 C of the working
-  // dtype's size for the forward (LayerNorm outputs, qkv, the attention output, the MLP's 4 C hidden and activated,
-  // the branch outputs) and, when training, 14 C for the backward (dqkv, the Linears' and GELU's input gradients)
-  // plus 2 C of FP32-to-working casts under autocast; the attention kernel's state (FLASH: 2 floats per head;
-  // MATERIALIZED: T per head, and its per-thread [H, T, T] scratch); the head's logits and their gradient (V each,
-  // the head's dtype) and the FP32 residual gradient.
+  // Memory estimate: logits [B * T, V] for an input [B, T + 3]. Activation bytes at the peak of a step, as run()
+  // and backward() keep them, per token: per layer the FP32 residual streams (8 C bytes); per layer (one layer under
+  // recompute: BLOCK) the forward's LayerNorm statistics, 14 C of the working dtype's size (LayerNorm outputs, qkv,
+  // the attention output, the MLP's 4 C hidden and activated; under POINTWISE one set of LayerNorm outputs and one
+  // activated for all layers) and the
+  // attention kernel's state (FLASH: 2 floats per
+  // head; MATERIALIZED: T per head, and its per-thread [H, T, T] scratch); without training one block's two branch
+  // outputs (in training the peak comes later, in the backward, when they are gone); when training one block's
+  // backward buffers (14 C: dqkv, the Linears' and GELU's input gradients, plus 2 C of
+  // FP32-to-working casts under autocast); the head's logits (V, the head's dtype; their gradient overwrites them)
+  // and the FP32 residual gradient.
   Shape output_shape(const Shape& in) const override;
   int64_t activation_bytes(const Shape& in, DType working, bool training) const override;
 
@@ -78,6 +82,7 @@ class GptModel : public Module {
   struct Block;
   const Tensor& run(const Tensor& token_ids, int64_t t);
   const Tensor& head(const Tensor& ln_f_out);  // logits [N, V] of ln_f's output
+  void recompute_block(size_t l);              // model.gpt.recompute: BLOCK, before block l's backward
   void dropout(Tensor& x, uint32_t site);
 
   GptConfig cfg_;
@@ -92,6 +97,8 @@ class GptModel : public Module {
   std::vector<int32_t> targets_;
   std::vector<uint32_t> sample_ids_;
   int64_t cached_ = 0;
+  bool keep_block_buffers_ = false;  // prefill: every block keeps its buffers whatever model.gpt.recompute says
+  Tensor ln_out_[2], gelu_out_;  // recompute: POINTWISE, the blocks' one output of ln_1, ln_2 and the GELU
   std::vector<Tensor> resid_;  // resid_[k]: the residual stream after k branches (0: the embedding), FP32
   Tensor ids_, h_cast_, logits_, dresid_, dbranch_, dh_;
 };
@@ -99,6 +106,8 @@ class GptModel : public Module {
 // Cross-entropy of next-token prediction in FP32 (autocast "cross_entropy"), per window: forward returns the sum
 // over windows of the window's mean per-token loss in nats, so the trainer's division by the global number of
 // windows gives the mean loss per token (nats per byte for the byte vocabulary). The targets are the model's.
+// backward() writes dlogits over the logits it was given (llm.c's fused classifier does the same): nothing reads
+// the logits after their gradient, and a step holds one [B*T, V] buffer instead of two.
 class LanguageModelLoss : public Criterion {
  public:
   explicit LanguageModelLoss(const GptModel& model) : model_(model) {}

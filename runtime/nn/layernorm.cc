@@ -24,16 +24,20 @@ void LayerNorm::collect_parameters(std::vector<Parameter*>& out) {
 }
 
 const Tensor& LayerNorm::forward(const Tensor& x) {
+  forward_into(x, y_);
+  return y_;
+}
+
+void LayerNorm::forward_into(const Tensor& x, Tensor& y) {
   if (x.ndim() != 2 || x.dim(1) != channels_)
     throw Error("LayerNorm " + name() + ": input " + shape_str(x.shape()) + ", expected [N, " +
                 std::to_string(channels_) + "]");
   x_ = x;
-  y_.ensure(x.shape(), out_dtype_, x.device());
+  y.ensure(x.shape(), out_dtype_, x.device());
   mean_.ensure({x.dim(0)}, DType::kFloat32, x.device());
   rstd_.ensure({x.dim(0)}, DType::kFloat32, x.device());
   // Gain and bias are read from the FP32 master weights: the op runs in FP32 whatever the working dtype.
-  kernels::layernorm_forward(x, weight_.master, bias_.master, eps_, y_, mean_, rstd_);
-  return y_;
+  kernels::layernorm_forward(x, weight_.master, bias_.master, eps_, y, mean_, rstd_);
 }
 
 const Tensor& LayerNorm::backward(const Tensor& dy, GradContext& ctx) {

@@ -21,12 +21,18 @@ class LayerNorm : public Module {
   void set_output_dtype(DType d) { out_dtype_ = d; }
   // x: [N, C] any dtype. Returns y [N, C] in the output dtype.
   const Tensor& forward(const Tensor& x) override;
+  // forward() writing y into the caller's buffer (made [N, C] of the output dtype) instead of this layer's: a model
+  // may hand several layers one buffer and recompute each output into it when needed again (the same values: the
+  // same kernel on the same input). The backward reads x, the mean and rstd, not y.
+  void forward_into(const Tensor& x, Tensor& y);
   // dy: [N, C] any dtype. Returns dx [N, C] FP32 (computed even when !ctx.need_input_grad: LayerNorm never
   // starts a model).
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
   // The same gradient written into (accumulate: added to) dx [N, C] FP32, the residual stream's gradient, instead of
   // a buffer of this layer's: the same FP32 values as backward() followed by an add.
   void backward_into(const Tensor& dy, GradContext& ctx, Tensor& dx, bool accumulate);
+  void release_backward_buffers() override { dx_ = Tensor(); }
+  void release_buffers() override { x_ = y_ = mean_ = rstd_ = dx_ = Tensor(); }
 
  private:
   int64_t channels_;

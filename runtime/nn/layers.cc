@@ -232,6 +232,17 @@ const Tensor& Linear::backward(const Tensor& dy_in, GradContext& ctx) {
   return dx_;
 }
 
+void Linear::resave_input(const Tensor& x) { x_saved_ = in_dtype(x, dtype_, x_cast_); }
+
+void Linear::release_backward_buffers() {
+  dy_cast_ = Tensor();
+  dx_ = Tensor();
+}
+void Linear::release_buffers() {
+  release_backward_buffers();
+  x_cast_ = x_saved_ = y_ = Tensor();
+}
+
 // ---- Activation ------------------------------------------------------------------------------------------------
 
 Activation::Activation(std::string name, Kind kind, const Autocast& autocast)
@@ -241,16 +252,29 @@ Activation::Activation(std::string name, Kind kind, const Autocast& autocast)
                                           DType::kFloat16) == DType::kFloat32) {}
 
 const Tensor& Activation::forward(const Tensor& x_in) {
+  forward_into(x_in, y_);
+  return y_;
+}
+
+void Activation::forward_into(const Tensor& x_in, Tensor& y) {
   const Tensor& x = in_dtype(x_in, forced_fp32_ ? DType::kFloat32 : x_in.dtype(), x_cast_);
-  y_.ensure(x.shape(), x.dtype(), x.device());
+  y.ensure(x.shape(), x.dtype(), x.device());
   if (kind_ == Kind::kReLU) {
-    kernels::relu_forward(x, y_);
-    saved_ = y_;  // ReLU's gradient needs only the sign of the output
+    kernels::relu_forward(x, y);
+    saved_ = y;  // ReLU's gradient needs only the sign of the output
   } else {
-    kernels::gelu_forward(x, y_);
+    kernels::gelu_forward(x, y);
     saved_ = x;
   }
-  return y_;
+}
+
+void Activation::release_backward_buffers() {
+  dy_cast_ = Tensor();
+  dx_ = Tensor();
+}
+void Activation::release_buffers() {
+  release_backward_buffers();
+  x_cast_ = saved_ = y_ = Tensor();
 }
 
 const Tensor& Activation::backward(const Tensor& dy_in, GradContext& ctx) {

@@ -147,6 +147,13 @@ class Module {
   // tensor on the parameters' device. The CUDA step copies inputs to the GPU only for models that return false.
   virtual bool takes_host_input() const { return false; }
 
+  // Buffers between uses, so that a model whose layers run one at a time can hold one layer's at a time (the next
+  // forward() or backward() allocates them again). release_backward_buffers: what only backward() writes (input
+  // gradients, casts of dy), once the caller is done with what backward() returned. release_buffers: everything,
+  // the forward's too; backward() then needs a new forward() first.
+  virtual void release_backward_buffers() {}
+  virtual void release_buffers() { release_backward_buffers(); }
+
   // For the memory estimate (runtime/train/memory_estimate.h), without running anything or allocating. The shape
   // forward() returns for an input of shape `in` (batch first). Default: `in` (an element-wise layer).
   virtual Shape output_shape(const Shape& in) const { return in; }
@@ -204,6 +211,15 @@ class Linear : public Module {
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return {in.empty() ? 0 : in[0], out_}; }
+  void release_backward_buffers() override;
+  void release_buffers() override;
+  // The output buffer alone, once the caller has consumed it (a residual branch added into the stream).
+  void release_output() { y_ = Tensor(); }
+  // The output of the last forward().
+  const Tensor& output() const { return y_; }
+  // What backward() reads as the input of the last forward(), set again to `x` (the same values: a recomputed
+  // input; cast to the compute dtype as forward() does).
+  void resave_input(const Tensor& x);
 
  private:
   int64_t in_, out_;
@@ -220,7 +236,13 @@ class Activation : public Module {
   Activation(std::string name, Kind kind, const Autocast& autocast);
 
   const Tensor& forward(const Tensor& x) override;
+  // forward() writing its output into the caller's `y` (made the right shape and dtype) instead of a buffer of
+  // this layer's: a model may hand several layers one output buffer and recompute each layer's output into it
+  // when its consumer's backward needs it again (GptModel, model.gpt.recompute: POINTWISE).
+  void forward_into(const Tensor& x, Tensor& y);
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  void release_backward_buffers() override;
+  void release_buffers() override;
 
  private:
   Kind kind_;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -332,6 +333,46 @@ void check_model_gradients(bool tied, float dropout) {
 TEST(GptModel, GradientsMatchFiniteDifferencesTied) { check_model_gradients(true, 0.0f); }
 TEST(GptModel, GradientsMatchFiniteDifferencesUntied) { check_model_gradients(false, 0.0f); }
 TEST(GptModel, GradientsMatchFiniteDifferencesWithDropout) { check_model_gradients(true, 0.2f); }
+
+// recompute: POINTWISE reruns each block's GELU and BLOCK each block's forward before its backward: the same kernels on
+// the same inputs, so the loss and every gradient element are bitwise those of NONE, in every precision and with
+// dropout (whose masks are keyed by step, site and window, not drawn in order), for both attention kernels.
+TEST(GptModel, RecomputeGivesBitwiseTheSameLossAndGradients) {
+  for (DType working : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
+    for (AttentionKernel kernel : {FLASH, MATERIALIZED}) {
+      SCOPED_TRACE(std::string(dtype_name(working)) + (kernel == FLASH ? " FLASH" : " MATERIALIZED"));
+      std::vector<float> grads[3];
+      double losses[3];
+      for (int r = 0; r < 3; ++r) {
+        GptConfig cfg = small_config(true, 0.2f);
+        cfg.set_n_layer(3);
+        cfg.set_attention(kernel);
+        cfg.set_recompute(r == 0 ? NONE : r == 1 ? POINTWISE : BLOCK);
+        const Autocast ac(working);
+        GptModel model(cfg, ac, 5);
+        std::vector<Parameter*> params;
+        model.collect_parameters(params);
+        auto mw = bind_parameters(params, working, Device::kCPU, 17);
+        model.set_mode(true, 4);
+        LanguageModelLoss crit(model);
+        const Tensor x = windows(cfg, 3);
+        GradContext ctx = fresh_ctx();
+        ctx.need_input_grad = false;
+        for (int step = 0; step < 2; ++step) {  // the second step reuses (or reallocates) the released buffers
+          losses[r] = crit.forward(model.forward(x), {});
+          model.backward(crit.backward(1024.0f), ctx);
+        }
+        grads[r] = copy_of(mw->grads());
+      }
+      for (int r = 1; r < 3; ++r) {
+        SCOPED_TRACE(r == 1 ? "POINTWISE" : "BLOCK");
+        EXPECT_EQ(losses[0], losses[r]);
+        ASSERT_EQ(grads[0].size(), grads[r].size());
+        for (size_t i = 0; i < grads[0].size(); ++i)
+          ASSERT_EQ(std::memcmp(&grads[0][i], &grads[r][i], sizeof(float)), 0) << "gradient element " << i;
+      }
+    }
+}
 
 TEST(GptModel, ParameterNamesFollowNanoGpt) {
   const Autocast ac(DType::kFloat32);

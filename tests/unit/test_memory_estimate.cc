@@ -61,8 +61,9 @@ TEST(MemoryEstimate, EvaluationBatchDefaultsToTheTrainingMicroBatch) {
 // A training step of a small GPT: the host bytes its tensors take beyond the parameters' (the peak during the step)
 // against GptModel::activation_bytes, which counts every buffer of the model and its loss; allocations are rounded
 // up to 64 bytes (at most 64 bytes for each of about 60 buffers here, against megabytes): 0.2%.
-void check_gpt_step(DType working, AttentionKernel kernel) {
-  SCOPED_TRACE(std::string(dtype_name(working)) + (kernel == FLASH ? " FLASH" : " MATERIALIZED"));
+void check_gpt_step(DType working, AttentionKernel kernel, GptRecompute recompute) {
+  SCOPED_TRACE(std::string(dtype_name(working)) + (kernel == FLASH ? " FLASH" : " MATERIALIZED") +
+               " recompute " + GptRecompute_Name(recompute));
   GptConfig g;
   g.set_n_layer(2);
   g.set_n_head(4);
@@ -70,6 +71,7 @@ void check_gpt_step(DType working, AttentionKernel kernel) {
   g.set_seq_len(64);
   g.set_vocab_size(256);
   g.set_attention(kernel);
+  g.set_recompute(recompute);
   const Autocast ac(working);
   GptModel model(g, ac, 1);
   std::vector<Parameter*> params;
@@ -97,7 +99,8 @@ void check_gpt_step(DType working, AttentionKernel kernel) {
 
 TEST(MemoryEstimate, GptActivationsAreTheBytesAStepsBuffersTake) {
   for (DType w : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
-    for (AttentionKernel k : {FLASH, MATERIALIZED}) check_gpt_step(w, k);
+    for (AttentionKernel k : {FLASH, MATERIALIZED})
+      for (GptRecompute r : {NONE, POINTWISE, BLOCK}) check_gpt_step(w, k, r);
 }
 
 }  // namespace
