@@ -141,6 +141,8 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
   const int64_t rss_start = proc_status_bytes("VmRSS");
   std::unique_ptr<Trainer> trainer = make_trainer(cfg, comm);
   const int64_t rss_setup = proc_status_bytes("VmRSS");
+  const int64_t tensors_setup = ampdist::host_tensor_bytes();
+  ampdist::reset_host_tensor_peak_bytes();
   const int64_t global_batch = cfg.data().global_batch_size();
 
   for (int i = 0; i < args.warmup; ++i) trainer->step();
@@ -255,6 +257,9 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
                {"share_of_step", (cast_s + unscale_s + consensus_s + scaler_s) / step_s}};
     j["memory"] = {{"rss_start_bytes", rss_start},
                    {"rss_after_setup_bytes", rss_setup},
+                   // host memory held by tensors after set-up, and at most during the steps (rank 0)
+                   {"tensor_bytes_after_setup", tensors_setup},
+                   {"tensor_peak_bytes", ampdist::host_tensor_peak_bytes()},
                    {"peak_rss_bytes_max_over_ranks", static_cast<int64_t>(peak_max)},
                    {"expected_bytes", expected},
                    {"master_bytes", master_b},

@@ -1,5 +1,7 @@
 #include "runtime/core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +32,7 @@ static void check_shape(const Shape& shape) {
 
 namespace {
 std::atomic<int64_t> g_host_bytes{0}, g_host_peak{0};
+constexpr size_t kMappedTensorBytes = size_t{1} << 20;  // 1 MiB: below, malloc's heap (no system call per tensor)
 }  // namespace
 
 int64_t host_tensor_bytes() { return g_host_bytes.load(); }
@@ -51,17 +54,28 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     t.data_ = p;
     return t;
   }
-  // 64-byte alignment for vector loads; never a zero-size allocation so data() is non-null.
+  // 64-byte alignment for vector loads; never a zero-size allocation so data() is non-null. Large buffers are
+  // mapped pages of their own, returned to the system when freed: through malloc, glibc would serve them from its
+  // heap once its adaptive mmap threshold has grown (up to 32 MiB) and keep them resident after a free, so buffers
+  // a model releases between uses (GptModel's per-block buffers) would still count against the process.
   size_t bytes = std::max<size_t>(t.nbytes(), 1);
   size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
+  const bool mapped = rounded >= kMappedTensorBytes;
+  void* p = nullptr;
+  if (mapped) {
+    p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  } else {
+    p = std::aligned_alloc(64, rounded);
+  }
   if (!p) throw Error("out of host memory allocating " + std::to_string(rounded) + " bytes");
   const int64_t live = g_host_bytes.fetch_add(static_cast<int64_t>(rounded)) + static_cast<int64_t>(rounded);
   for (int64_t peak = g_host_peak.load(); live > peak && !g_host_peak.compare_exchange_weak(peak, live);) {
   }
-  t.storage_ = std::shared_ptr<void>(p, [rounded](void* q) {
+  t.storage_ = std::shared_ptr<void>(p, [rounded, mapped](void* q) {
     g_host_bytes.fetch_sub(static_cast<int64_t>(rounded));
-    std::free(q);
+    if (mapped) ::munmap(q, rounded);
+    else std::free(q);
   });
   t.capacity_bytes_ = rounded;
   t.data_ = p;

@@ -65,16 +65,17 @@ const Tensor& CausalSelfAttention::backward(const Tensor& dy, GradContext& ctx) 
   return c_attn_->backward(dqkv_, ctx);
 }
 
-void CausalSelfAttention::release_backward_buffers() {
-  dqkv_ = Tensor();
-  c_attn_->release_backward_buffers();
-  c_proj_->release_backward_buffers();
-}
-
-void CausalSelfAttention::release_buffers() {
-  qkv_ = probs_ = stats_ = y_ = dqkv_ = Tensor();
-  c_attn_->release_buffers();
-  c_proj_->release_buffers();
+void CausalSelfAttention::pass_buffers_to(Module& next_layer, bool backward_only) {
+  auto* next = dynamic_cast<CausalSelfAttention*>(&next_layer);
+  if (!next) throw Error(name() + ": buffers passed to " + next_layer.name() + ", a layer of another type");
+  std::swap(dqkv_, next->dqkv_);
+  c_attn_->pass_buffers_to(*next->c_attn_, backward_only);
+  c_proj_->pass_buffers_to(*next->c_proj_, backward_only);
+  if (backward_only) return;
+  std::swap(qkv_, next->qkv_);
+  std::swap(probs_, next->probs_);
+  std::swap(stats_, next->stats_);
+  std::swap(y_, next->y_);
 }
 
 namespace {

@@ -37,8 +37,7 @@ class CausalSelfAttention : public Module {
   Linear& c_attn() { return *c_attn_; }
   Linear& c_proj() { return *c_proj_; }
   AttentionKernel kernel() const { return kernel_; }
-  void release_backward_buffers() override;
-  void release_buffers() override;
+  void pass_buffers_to(Module& next, bool backward_only) override;
 
   // KV cache (inference on one window, GptModel::prefill / decode). cache_last_forward: keeps the keys and values
   // of the last forward, which must have been one window (batch 1) of t tokens at positions 0 .. t-1. decode: x is

@@ -53,16 +53,21 @@ struct GptModel::Block {
   std::unique_ptr<Linear> c_fc, c_proj;
   std::unique_ptr<Activation> gelu;
 
-  // The block's two branch outputs, once added into the residual stream: nothing reads them again.
-  void release_branch_outputs() {
-    attn->c_proj().release_output();
-    c_proj->release_output();
+  // The block's two branch outputs, once added into the residual stream (nothing reads them again): to the next
+  // block (nullptr: freed).
+  void pass_branch_outputs(Block* next) {
+    if (!next) {
+      attn->c_proj().release_output();
+      c_proj->release_output();
+      return;
+    }
+    attn->c_proj().pass_output_to(next->attn->c_proj());
+    c_proj->pass_output_to(*next->c_proj);
   }
-  void release_backward_buffers() {
-    for (Module* m : modules()) m->release_backward_buffers();
-  }
-  void release_buffers() {
-    for (Module* m : modules()) m->release_buffers();
+  // Module::pass_buffers_to for each layer: one block's buffers move from block to block.
+  void pass_buffers_to(Block& next, bool backward_only) {
+    const std::vector<Module*> mine = modules(), theirs = next.modules();
+    for (size_t i = 0; i < mine.size(); ++i) mine[i]->pass_buffers_to(*theirs[i], backward_only);
   }
   std::vector<Module*> modules() { return {ln_1.get(), attn.get(), ln_2.get(), c_fc.get(), gelu.get(), c_proj.get()}; }
 };
@@ -188,11 +193,11 @@ int64_t GptModel::activation_bytes(const Shape& in, DType working, bool training
   int64_t per_token = L * 8 * C + (recompute ? std::min<int64_t>(L, 1) : L) * block_forward;
   if (cfg_.recompute() == POINTWISE && L > 0) per_token -= (L - 1) * 6 * C * w;
   per_token += 8 * C + 8 + C * hw + V * hw;  // the embedding and residual 0, ln_f and its statistics, the logits
-  if (!training) {
-    per_token += L > 0 ? 2 * C * w : 0;  // a block's two branch outputs, until the block ends
-  } else {
-    // The peak is in the backward, once the branch outputs are gone: one block's backward buffers and these.
-    per_token += (L > 0 ? block_backward : 0);
+  per_token += L > 0 ? 2 * C * w : 0;  // one block's two branch outputs (they move from block to block)
+  if (training) {
+    // One block's backward buffers (they move down the blocks in the backward and are still allocated, with the
+    // gradients below, during the next step's forward).
+    per_token += L > 0 ? block_backward : 0;
     // the loss's per-row values (dlogits overwrite the logits), the head's input gradient, the residual gradient
     // (and the branch gradient's FP32 copy under dropout)
     per_token += 8 + C * hw + 4 * C + (cfg_.dropout() > 0.0f ? 4 * C : 0);
@@ -277,8 +282,11 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
     if (shared) b.gelu->forward_into(fc, gelu_out_);
     else h = &b.gelu->forward(fc);
     residual(b.c_proj->forward(*h), static_cast<uint32_t>(2 + 2 * l));
-    b.release_branch_outputs();
-    if (recompute) b.release_buffers();  // the block's input (resid_) is all the backward's rerun needs
+    Block* next = l + 1 < blocks_.size() ? blocks_[l + 1].get() : nullptr;
+    // Under recompute the block's input (resid_) is all the backward's rerun needs: all its buffers, the branch
+    // outputs with them, serve the next block.
+    if (recompute && next) b.pass_buffers_to(*next, false);
+    else b.pass_branch_outputs(next);
   }
   return head(ln_f_->forward(resid_[k]));
 }
@@ -290,7 +298,6 @@ void GptModel::recompute_block(size_t l) {
   Block& b = *blocks_[l];
   b.attn->forward(b.ln_1->forward(resid_[2 * l]));
   b.c_proj->forward(b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[2 * l + 1]))));
-  b.release_branch_outputs();
 }
 
 const Tensor& GptModel::head(const Tensor& hf) {
@@ -343,6 +350,9 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
     return dbranch_;
   };
   const bool recompute = cfg_.recompute() == BLOCK;
+  // The moving set of backward buffers ended the last backward at block 0: it starts this one at the last block
+  // (under recompute the forward left the whole set there).
+  if (!recompute && blocks_.size() > 1) blocks_.front()->pass_buffers_to(*blocks_.back(), true);
   for (size_t l = blocks_.size(); l-- > 0;) {
     Block& b = *blocks_[l];
     if (recompute) recompute_block(l);
@@ -358,9 +368,8 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
     b.ln_2->backward_into(dm, ctx, dresid_, true);
     const Tensor& da = b.attn->backward(branch_grad(1 + 2 * l), ctx);
     b.ln_1->backward_into(da, ctx, dresid_, true);
-    // One block's backward buffers at a time; under recompute one block's buffers of any kind.
-    if (recompute) b.release_buffers();
-    else b.release_backward_buffers();
+    // One block's backward buffers at a time (under recompute one block's buffers of any kind), handed down.
+    if (l > 0) b.pass_buffers_to(*blocks_[l - 1], !recompute);
   }
   dropout(dresid_, 0);
   emb_->set_keep_token_grad(!lm_head_);

@@ -70,8 +70,8 @@ class GptModel : public Module {
   // the attention output, the MLP's 4 C hidden and activated; under POINTWISE one set of LayerNorm outputs and one
   // activated for all layers) and the
   // attention kernel's state (FLASH: 2 floats per
-  // head; MATERIALIZED: T per head, and its per-thread [H, T, T] scratch); without training one block's two branch
-  // outputs (in training the peak comes later, in the backward, when they are gone); when training one block's
+  // head; MATERIALIZED: T per head, and its per-thread [H, T, T] scratch); one block's two branch outputs; when
+  // training one block's
   // backward buffers (14 C: dqkv, the Linears' and GELU's input gradients, plus 2 C of
   // FP32-to-working casts under autocast); the head's logits (V, the head's dtype; their gradient overwrites them)
   // and the FP32 residual gradient.

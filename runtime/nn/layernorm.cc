@@ -40,6 +40,17 @@ void LayerNorm::forward_into(const Tensor& x, Tensor& y) {
   kernels::layernorm_forward(x, weight_.master, bias_.master, eps_, y, mean_, rstd_);
 }
 
+void LayerNorm::pass_buffers_to(Module& next_layer, bool backward_only) {
+  LayerNorm* next = dynamic_cast<LayerNorm*>(&next_layer);
+  if (!next) throw Error(name() + ": buffers passed to " + next_layer.name() + ", a layer of another type");
+  std::swap(dx_, next->dx_);
+  if (backward_only) return;
+  std::swap(x_, next->x_);
+  std::swap(y_, next->y_);
+  std::swap(mean_, next->mean_);
+  std::swap(rstd_, next->rstd_);
+}
+
 const Tensor& LayerNorm::backward(const Tensor& dy, GradContext& ctx) {
   dx_.ensure(x_.shape(), DType::kFloat32, x_.device());
   backward_into(dy, ctx, dx_, false);

@@ -31,8 +31,7 @@ class LayerNorm : public Module {
   // The same gradient written into (accumulate: added to) dx [N, C] FP32, the residual stream's gradient, instead of
   // a buffer of this layer's: the same FP32 values as backward() followed by an add.
   void backward_into(const Tensor& dy, GradContext& ctx, Tensor& dx, bool accumulate);
-  void release_backward_buffers() override { dx_ = Tensor(); }
-  void release_buffers() override { x_ = y_ = mean_ = rstd_ = dx_ = Tensor(); }
+  void pass_buffers_to(Module& next, bool backward_only) override;
 
  private:
   int64_t channels_;

@@ -234,13 +234,24 @@ const Tensor& Linear::backward(const Tensor& dy_in, GradContext& ctx) {
 
 void Linear::resave_input(const Tensor& x) { x_saved_ = in_dtype(x, dtype_, x_cast_); }
 
-void Linear::release_backward_buffers() {
-  dy_cast_ = Tensor();
-  dx_ = Tensor();
+namespace {
+// The same layer type as `self`, or Error (a model handing buffers between different layers is a bug).
+template <typename T>
+T& same_layer(Module& self, Module& next) {
+  T* n = dynamic_cast<T*>(&next);
+  if (!n) throw Error(self.name() + ": buffers passed to " + next.name() + ", a layer of another type");
+  return *n;
 }
-void Linear::release_buffers() {
-  release_backward_buffers();
-  x_cast_ = x_saved_ = y_ = Tensor();
+}  // namespace
+
+void Linear::pass_buffers_to(Module& next_layer, bool backward_only) {
+  Linear& next = same_layer<Linear>(*this, next_layer);
+  std::swap(dy_cast_, next.dy_cast_);
+  std::swap(dx_, next.dx_);
+  if (backward_only) return;
+  std::swap(x_cast_, next.x_cast_);
+  std::swap(x_saved_, next.x_saved_);
+  std::swap(y_, next.y_);
 }
 
 // ---- Activation ------------------------------------------------------------------------------------------------
@@ -268,13 +279,14 @@ void Activation::forward_into(const Tensor& x_in, Tensor& y) {
   }
 }
 
-void Activation::release_backward_buffers() {
-  dy_cast_ = Tensor();
-  dx_ = Tensor();
-}
-void Activation::release_buffers() {
-  release_backward_buffers();
-  x_cast_ = saved_ = y_ = Tensor();
+void Activation::pass_buffers_to(Module& next_layer, bool backward_only) {
+  Activation& next = same_layer<Activation>(*this, next_layer);
+  std::swap(dy_cast_, next.dy_cast_);
+  std::swap(dx_, next.dx_);
+  if (backward_only) return;
+  std::swap(x_cast_, next.x_cast_);
+  std::swap(saved_, next.saved_);
+  std::swap(y_, next.y_);
 }
 
 const Tensor& Activation::backward(const Tensor& dy_in, GradContext& ctx) {

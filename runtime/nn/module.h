@@ -147,12 +147,12 @@ class Module {
   // tensor on the parameters' device. The CUDA step copies inputs to the GPU only for models that return false.
   virtual bool takes_host_input() const { return false; }
 
-  // Buffers between uses, so that a model whose layers run one at a time can hold one layer's at a time (the next
-  // forward() or backward() allocates them again). release_backward_buffers: what only backward() writes (input
-  // gradients, casts of dy), once the caller is done with what backward() returned. release_buffers: everything,
-  // the forward's too; backward() then needs a new forward() first.
-  virtual void release_backward_buffers() {}
-  virtual void release_buffers() { release_backward_buffers(); }
+  // Buffers handed between layers of the same type and shape, so that a model whose layers run one at a time holds
+  // one layer's buffers at a time, allocated once, instead of one set per layer (GptModel's blocks): this module's
+  // buffers go to `next` and next's come here. backward_only: only what backward() writes (input gradients, casts
+  // of dy), once the caller is done with what backward() returned; otherwise everything, the forward's too (this
+  // module's backward() then needs a new forward() first). Throws Error when `next` is another type of layer.
+  virtual void pass_buffers_to(Module& next, bool backward_only) {}
 
   // For the memory estimate (runtime/train/memory_estimate.h), without running anything or allocating. The shape
   // forward() returns for an input of shape `in` (batch first). Default: `in` (an element-wise layer).
@@ -211,9 +211,10 @@ class Linear : public Module {
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return {in.empty() ? 0 : in[0], out_}; }
-  void release_backward_buffers() override;
-  void release_buffers() override;
-  // The output buffer alone, once the caller has consumed it (a residual branch added into the stream).
+  void pass_buffers_to(Module& next, bool backward_only) override;
+  // The output buffer alone, once the caller has consumed it (a residual branch added into the stream): to the
+  // same layer of the next block, or freed.
+  void pass_output_to(Linear& next) { std::swap(y_, next.y_); }
   void release_output() { y_ = Tensor(); }
   // The output of the last forward().
   const Tensor& output() const { return y_; }
@@ -241,8 +242,7 @@ class Activation : public Module {
   // when its consumer's backward needs it again (GptModel, model.gpt.recompute: POINTWISE).
   void forward_into(const Tensor& x, Tensor& y);
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
-  void release_backward_buffers() override;
-  void release_buffers() override;
+  void pass_buffers_to(Module& next, bool backward_only) override;
 
  private:
   Kind kind_;

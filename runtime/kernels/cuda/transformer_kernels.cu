@@ -198,6 +198,19 @@ int warp_blocks(int64_t rows) { return detail::blocks_for(rows * 32, kThreads); 
 // of size T x T exists. dq is a kernel of its own (no atomics): each thread sums its row's ds k over the keys.
 constexpr int kFlashRows = 64, kFlashTile = 32;
 
+// The block's threads stage keys and values j0 .. j0 + kFlashTile of head h (0 past T) into shared memory, as FP32.
+template <int HS, typename Q>
+__device__ void load_kv_tile(const Q* base, int64_t j0, int64_t T, int64_t C, int64_t h, float (*ks)[HS],
+                             float (*vs)[HS]) {
+  const int64_t ld3 = 3 * C;
+  for (int x = threadIdx.x; x < kFlashTile * HS; x += blockDim.x) {
+    const int jj = x / HS, e = x % HS;
+    const int64_t j = j0 + jj;
+    ks[jj][e] = j < T ? ld<Q>(base, j * ld3 + C + h * HS + e) : 0.0f;
+    vs[jj][e] = j < T ? ld<Q>(base, j * ld3 + 2 * C + h * HS + e) : 0.0f;
+  }
+}
+
 template <int HS, typename Q, typename O>
 __global__ void k_flash_fwd(const Q* qkv, int64_t T, int64_t H, const uint8_t* mask, int pv_dtype, float scale, O* out,
                             float* stats) {
@@ -217,12 +230,7 @@ __global__ void k_flash_fwd(const Q* qkv, int64_t T, int64_t H, const uint8_t* m
   const int64_t keys = min(T, i0 + kFlashRows);  // keys after the block's last query are never read
   for (int64_t j0 = 0; j0 < keys; j0 += kFlashTile) {
     __syncthreads();
-    for (int x = threadIdx.x; x < kFlashTile * HS; x += blockDim.x) {
-      const int jj = x / HS, e = x % HS;
-      const int64_t j = j0 + jj;
-      ks[jj][e] = j < T ? ld<Q>(base, j * ld3 + C + h * HS + e) : 0.0f;
-      vs[jj][e] = j < T ? ld<Q>(base, j * ld3 + 2 * C + h * HS + e) : 0.0f;
-    }
+    load_kv_tile<HS>(base, j0, T, C, h, ks, vs);
     __syncthreads();
     if (!row) continue;
     for (int jj = 0; jj < kFlashTile; ++jj) {
@@ -356,12 +364,7 @@ __global__ void k_flash_bwd_dq(const Q* qkv, const G* dout, const float* stats, 
   const int64_t keys = min(T, i0 + kFlashRows);
   for (int64_t j0 = 0; j0 < keys; j0 += kFlashTile) {
     __syncthreads();
-    for (int x = threadIdx.x; x < kFlashTile * HS; x += blockDim.x) {
-      const int jj = x / HS, e = x % HS;
-      const int64_t j = j0 + jj;
-      ks[jj][e] = j < T ? ld<Q>(base, j * ld3 + C + h * HS + e) : 0.0f;
-      vs[jj][e] = j < T ? ld<Q>(base, j * ld3 + 2 * C + h * HS + e) : 0.0f;
-    }
+    load_kv_tile<HS>(base, j0, T, C, h, ks, vs);
     __syncthreads();
     if (!row || st[1] == 0.0f) continue;
     for (int jj = 0; jj < kFlashTile; ++jj) {
