@@ -53,14 +53,9 @@ struct GptModel::Block {
   std::unique_ptr<Linear> c_fc, c_proj;
   std::unique_ptr<Activation> gelu;
 
-  // The block's two branch outputs, once added into the residual stream (nothing reads them again): to the next
-  // block (nullptr: freed).
+  // The block's two branch outputs, once added into the residual stream (nothing reads them again): to `next`.
   void pass_branch_outputs(Block* next) {
-    if (!next) {
-      attn->c_proj().release_output();
-      c_proj->release_output();
-      return;
-    }
+    if (next == this) return;
     attn->c_proj().pass_output_to(next->attn->c_proj());
     c_proj->pass_output_to(*next->c_proj);
   }
@@ -270,6 +265,12 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
     ++k;
   };
   const bool recompute = cfg_.recompute() == BLOCK && !keep_block_buffers_;
+  // Under recompute one set of block buffers moves up the blocks in a forward and down in a backward; a forward
+  // without a backward (evaluation) leaves it at the last block: it starts every forward at block 0.
+  if (recompute && moving_set_at_ != 0 && moving_set_at_ < blocks_.size()) {
+    blocks_[moving_set_at_]->pass_buffers_to(*blocks_.front(), false);
+    moving_set_at_ = 0;
+  }
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = *blocks_[l];
     // POINTWISE: the LayerNorm and GELU outputs go to the shared buffers, overwritten by the next block.
@@ -285,8 +286,13 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
     Block* next = l + 1 < blocks_.size() ? blocks_[l + 1].get() : nullptr;
     // Under recompute the block's input (resid_) is all the backward's rerun needs: all its buffers, the branch
     // outputs with them, serve the next block.
-    if (recompute && next) b.pass_buffers_to(*next, false);
-    else b.pass_branch_outputs(next);
+    if (recompute) {
+      if (next) b.pass_buffers_to(*next, false);
+      moving_set_at_ = next ? l + 1 : l;  // the last block keeps the set, branch outputs included, for its rerun
+    } else {
+      // The branch outputs go to the next block; the last block's back to the first, for the next forward.
+      b.pass_branch_outputs(next ? next : blocks_.front().get());
+    }
   }
   return head(ln_f_->forward(resid_[k]));
 }
@@ -351,8 +357,11 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
   };
   const bool recompute = cfg_.recompute() == BLOCK;
   // The moving set of backward buffers ended the last backward at block 0: it starts this one at the last block
-  // (under recompute the forward left the whole set there).
+  // (under recompute the forward left the whole set there, where moving_set_at_ says).
   if (!recompute && blocks_.size() > 1) blocks_.front()->pass_buffers_to(*blocks_.back(), true);
+  if (recompute && !blocks_.empty() && moving_set_at_ != blocks_.size() - 1 && moving_set_at_ < blocks_.size()) {
+    blocks_[moving_set_at_]->pass_buffers_to(*blocks_.back(), false);
+  }
   for (size_t l = blocks_.size(); l-- > 0;) {
     Block& b = *blocks_[l];
     if (recompute) recompute_block(l);
@@ -370,6 +379,7 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
     b.ln_1->backward_into(da, ctx, dresid_, true);
     // One block's backward buffers at a time (under recompute one block's buffers of any kind), handed down.
     if (l > 0) b.pass_buffers_to(*blocks_[l - 1], !recompute);
+    moving_set_at_ = l;
   }
   dropout(dresid_, 0);
   emb_->set_keep_token_grad(!lm_head_);

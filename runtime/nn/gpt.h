@@ -99,6 +99,7 @@ class GptModel : public Module {
   int64_t cached_ = 0;
   bool keep_block_buffers_ = false;  // prefill: every block keeps its buffers whatever model.gpt.recompute says
   Tensor ln_out_[2], gelu_out_;  // recompute: POINTWISE, the blocks' one output of ln_1, ln_2 and the GELU
+  size_t moving_set_at_ = 0;      // recompute: BLOCK, the block that holds the one set of block buffers
   std::vector<Tensor> resid_;  // resid_[k]: the residual stream after k branches (0: the embedding), FP32
   Tensor ids_, h_cast_, logits_, dresid_, dbranch_, dh_;
 };

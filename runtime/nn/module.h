@@ -212,10 +212,9 @@ class Linear : public Module {
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
   Shape output_shape(const Shape& in) const override { return {in.empty() ? 0 : in[0], out_}; }
   void pass_buffers_to(Module& next, bool backward_only) override;
-  // The output buffer alone, once the caller has consumed it (a residual branch added into the stream): to the
-  // same layer of the next block, or freed.
+  // The output buffer alone, once the caller has consumed it (a residual branch added into the stream), to the
+  // same layer of another block.
   void pass_output_to(Linear& next) { std::swap(y_, next.y_); }
-  void release_output() { y_ = Tensor(); }
   // The output of the last forward().
   const Tensor& output() const { return y_; }
   // What backward() reads as the input of the last forward(), set again to `x` (the same values: a recomputed

@@ -304,9 +304,9 @@ no_trace "18 optimizer.zero_stage 0 with comm.mode REDUCE_SCATTER (its deprecate
 
 # 19: a run that cannot fit in the memory this rank may use is refused at set-up, in seconds, before anything of
 # the model's size is allocated, naming the field to change (the largest part of the estimate), with no run
-# directory left. A GPT-2-124M-shaped model (124M parameters, 12 x 1024 x 768) whose activations at 8 windows of
-# 1024 tokens per rank (about 12 GiB) exceed an address-space limit of 5.7 GiB, the same at 4096 windows per rank
-# (about 6 TiB) beyond any machine's physical memory, and an MLP whose weights, gradients and optimizer state
+# directory left. A GPT-2-124M-shaped model (124M parameters, 12 x 1024 x 768) whose activations at 32 windows of
+# 1024 tokens per rank (about 20 GiB) exceed an address-space limit of 5.7 GiB, the same at 4096 windows per rank
+# (about 2.5 TiB) beyond any machine's physical memory, and an MLP whose weights, gradients and optimizer state
 # (9.2 x 10^8 parameters, 12 bytes each with SGD momentum: 10.3 GiB) exceed the address-space limit.
 cat >"$TMP/gpt124.pbtxt" <<EOF
 model { gpt { n_layer: 12 n_head: 12 n_embd: 768 seq_len: 1024 vocab_size: 50257 padded_vocab_multiple: 128 } }
@@ -326,8 +326,8 @@ refused_in_seconds() {
 }
 ( ulimit -v 6000000
   refused_in_seconds "19a" "19a GPT activations beyond ulimit -v" "$TMP/refused19/a" \
-    "re:needs about 1[0-9][.][0-9]+ GiB per rank .*[(]ulimit -v[)] allows 5[.]72 GiB; change data.global_batch_size" -- \
-    train --config "$TMP/gpt124.pbtxt"
+    "re:needs about [0-9]+[.][0-9]+ GiB per rank .*[(]ulimit -v[)] allows 5[.]72 GiB; change data.global_batch_size" -- \
+    train --config "$TMP/gpt124.pbtxt" --set data.global_batch_size=64
   refused_in_seconds "19b" "19b MLP weights beyond ulimit -v" "$TMP/refused19/b" \
     "re:needs about 1[0-9][.][0-9]+ GiB per rank .*[(]ulimit -v[)] allows 5[.]72 GiB; change optimizer.zero_stage: 1" -- \
     train --config "$BASE" --set 'model.mlp.hidden=[30000, 30000]'

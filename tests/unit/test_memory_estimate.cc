@@ -58,7 +58,8 @@ TEST(MemoryEstimate, EvaluationBatchDefaultsToTheTrainingMicroBatch) {
   EXPECT_EQ(e.eval_extra_bytes, (500 - 16) * 3 * 4);
 }
 
-// Training steps of a small GPT: the host bytes its tensors take beyond the parameters' (the peak over three steps)
+// Training steps of a small GPT, each followed by two evaluation forwards of the same batch: the host bytes its
+// tensors take beyond the parameters' (the peak over three steps)
 // against GptModel::activation_bytes, which counts every buffer of the model and its loss; allocations are rounded
 // up to 64 bytes (at most 64 bytes for each of about 60 buffers here, against megabytes): 0.2%.
 void check_gpt_step(DType working, AttentionKernel kernel, GptRecompute recompute) {
@@ -86,10 +87,13 @@ void check_gpt_step(DType working, AttentionKernel kernel, GptRecompute recomput
   reset_host_tensor_peak_bytes();
   GradContext ctx;
   ctx.need_input_grad = false;
-  for (int step = 1; step <= 3; ++step) {  // buffers that move between blocks must not pile up over steps
+  for (int step = 1; step <= 3; ++step) {  // buffers that move between blocks must not pile up over steps ...
     model.set_mode(true, step);
     loss.forward(model.forward(x), {});
     model.backward(loss.backward(1.0f), ctx);
+    model.set_mode(false, step);  // ... nor over evaluation forwards, which have no backward to move them back
+    model.forward(x);
+    model.forward(x);
   }
   const int64_t used = host_tensor_peak_bytes() - before;
   int64_t estimate = model.activation_bytes({B, T + 1 + kGptIndexColumns}, working, true);

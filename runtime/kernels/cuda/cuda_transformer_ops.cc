@@ -229,6 +229,9 @@ void attention_backward(const Tensor& qkv, const Tensor& probs, const AttentionS
   if (dqkv.dtype() != DType::kFloat32) kernels::cast(d32, dqkv);
 }
 
+static_assert(ampdist::cuda::kFlashKeyBlock == kernels::kFlashKeyBlock && kernels::kFlashQueryBlock == 64,
+              "the GPU's fused attention uses the CPU's blocks (transformer_kernels.cu's kFlashRows is 64)");
+
 // Fused attention: the kernels of transformer_kernels.cu; the backward's dq, dk and dv are written in FP32 into dqkv
 // (or a scratch, rounded once into a 16-bit dqkv).
 void flash_attention_forward(const Tensor& qkv, const AttentionShape& s, std::span<const uint8_t> key_mask,

@@ -33,6 +33,9 @@ void attention_softmax_backward(const float* probs, float* dp, int64_t rows, int
 // Fused causal attention (kernels/transformer.h's flash_attention_*): qkv [B*T, 3C], out [B*T, C], stats
 // [B, H, T, 2] FP32. Head sizes 8, 16, 32, 64 and 128 (flash_attention_head_size_supported); others throw.
 bool flash_attention_head_size_supported(int64_t hs);
+// The CPU kernel's key block (kernels::kFlashKeyBlock; the query block is 64 on both): the GPU kernel moves its running
+// maximum per key block as the CPU does, so both round p the same way.
+constexpr int64_t kFlashKeyBlock = 256;
 void flash_attention_forward(const void* qkv, int qkv_dtype, int64_t B, int64_t T, int64_t H, int64_t hs,
                              const uint8_t* key_mask, int pv_dtype, void* out, int out_dtype, float* stats, Stream s);
 // dqkv [B*T, 3C] FP32, every element written; D: scratch of B*H*T floats.

@@ -197,6 +197,7 @@ int warp_blocks(int64_t rows) { return detail::blocks_for(rows * 32, kThreads); 
 // deterministic. The state kept between forward and backward is stats [B, H, T, 2] (row max, 1 / row sum); nothing
 // of size T x T exists. dq is a kernel of its own (no atomics): each thread sums its row's ds k over the keys.
 constexpr int kFlashRows = 64, kFlashTile = 32;
+static_assert(kFlashKeyBlock % kFlashTile == 0, "a key block is whole tiles");
 
 // The block's threads stage keys and values j0 .. j0 + kFlashTile of head h (0 past T) into shared memory, as FP32.
 template <int HS, typename Q>
@@ -228,30 +229,53 @@ __global__ void k_flash_fwd(const Q* qkv, int64_t T, int64_t H, const uint8_t* m
   }
   float m = -INFINITY, l = 0.0f;
   const int64_t keys = min(T, i0 + kFlashRows);  // keys after the block's last query are never read
-  for (int64_t j0 = 0; j0 < keys; j0 += kFlashTile) {
-    __syncthreads();
-    load_kv_tile<HS>(base, j0, T, C, h, ks, vs);
-    __syncthreads();
-    if (!row) continue;
-    for (int jj = 0; jj < kFlashTile; ++jj) {
-      const int64_t j = j0 + jj;
-      if (j > i || (mk && !mk[j])) continue;
-      float s = 0.0f;
+  // The CPU kernel's key blocks (kFlashKeyBlock keys from 0; query blocks of kFlashRows = its kFlashQueryBlock): the
+  // running maximum moves once per key block, to the block's maximum, so p = exp(s - m) is rounded to the p @ v
+  // dtype exactly as on the CPU and in the KV-cache decode. Two passes over each block's tiles: its maximum, then
+  // the sums (the scores computed twice).
+  for (int64_t jb = 0; jb < keys; jb += kFlashKeyBlock) {
+    const int64_t jend = min(keys, jb + kFlashKeyBlock);
+    float bmax = -INFINITY;
+    for (int64_t j0 = jb; j0 < jend; j0 += kFlashTile) {
+      __syncthreads();
+      load_kv_tile<HS>(base, j0, T, C, h, ks, vs);
+      __syncthreads();
+      if (!row) continue;
+      for (int jj = 0; jj < kFlashTile; ++jj) {
+        const int64_t j = j0 + jj;
+        if (j >= jend || j > i || (mk && !mk[j])) continue;
+        float s = 0.0f;
 #pragma unroll
-      for (int e = 0; e < HS; ++e) s += q[e] * ks[jj][e];
-      s *= scale;
-      if (s > m) {  // a new row maximum: rescale what was accumulated (nothing before the first key)
-        const float alpha = m == -INFINITY ? 0.0f : math::softmax_exp(m, s);
-        l *= alpha;
-#pragma unroll
-        for (int e = 0; e < HS; ++e) acc[e] *= alpha;
-        m = s;
+        for (int e = 0; e < HS; ++e) s += q[e] * ks[jj][e];
+        bmax = fmaxf(bmax, s * scale);
       }
-      const float p = math::softmax_exp(s, m);
-      l += p;
-      const float pr = round_to(p, pv_dtype);
+    }
+    const float m_new = fmaxf(m, bmax);
+    const bool any = m_new != -INFINITY;  // no allowed key so far: nothing to add (no barrier is skipped)
+    if (any && m_new != m) {  // rescale what was accumulated under the old maximum (nothing before the first key)
+      const float alpha = m == -INFINITY ? 0.0f : math::softmax_exp(m, m_new);
+      l *= alpha;
 #pragma unroll
-      for (int e = 0; e < HS; ++e) acc[e] += pr * vs[jj][e];
+      for (int e = 0; e < HS; ++e) acc[e] *= alpha;
+      m = m_new;
+    }
+    for (int64_t j0 = jb; j0 < jend; j0 += kFlashTile) {
+      __syncthreads();
+      load_kv_tile<HS>(base, j0, T, C, h, ks, vs);
+      __syncthreads();
+      if (!row || !any) continue;
+      for (int jj = 0; jj < kFlashTile; ++jj) {
+        const int64_t j = j0 + jj;
+        if (j >= jend || j > i || (mk && !mk[j])) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < HS; ++e) s += q[e] * ks[jj][e];
+        const float p = math::softmax_exp(s * scale, m);
+        l += p;
+        const float pr = round_to(p, pv_dtype);
+#pragma unroll
+        for (int e = 0; e < HS; ++e) acc[e] += pr * vs[jj][e];
+      }
     }
   }
   if (!row) return;
