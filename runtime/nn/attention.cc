@@ -35,6 +35,16 @@ void CausalSelfAttention::collect_parameters(std::vector<Parameter*>& out) {
 }
 
 const Tensor& CausalSelfAttention::forward(const Tensor& x) {
+  attend(x);
+  return c_proj_->forward(y_);
+}
+
+void CausalSelfAttention::recompute_for_backward(const Tensor& x) {
+  attend(x);
+  c_proj_->resave_input(y_);
+}
+
+void CausalSelfAttention::attend(const Tensor& x) {
   if (seq_len_ <= 0 || seq_len_ > max_seq_ || x.ndim() != 2 || x.dim(0) % seq_len_ != 0)
     throw Error("attention " + name() + ": input " + shape_str(x.shape()) + " is not windows of " +
                 std::to_string(seq_len_) + " <= " + std::to_string(max_seq_) + " rows");
@@ -48,7 +58,6 @@ const Tensor& CausalSelfAttention::forward(const Tensor& x) {
     stats_.ensure({s.batch, n_head_, seq_len_, 2}, DType::kFloat32, qkv_.device());
     kernels::flash_attention_forward(qkv_, s, key_mask_, pv_dtype_, stats_, y_);
   }
-  return c_proj_->forward(y_);
 }
 
 const Tensor& CausalSelfAttention::backward(const Tensor& dy, GradContext& ctx) {

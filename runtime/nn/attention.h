@@ -28,6 +28,9 @@ class CausalSelfAttention : public Module {
   // x: [B*T, C] any dtype, T = seq_len(). Returns [B*T, C] in the working dtype.
   const Tensor& forward(const Tensor& x) override;
   const Tensor& backward(const Tensor& dy, GradContext& ctx) override;
+  // forward() again, for its backward only (GptModel, recompute: BLOCK): the same buffers from the same x, but
+  // c_proj's output, which the backward does not read, is not computed.
+  void recompute_for_backward(const Tensor& x);
 
   // Window length of the next forward (<= the constructor's seq_len; generation runs shorter prompts).
   void set_seq_len(int64_t t) { seq_len_ = t; }
@@ -60,6 +63,7 @@ class CausalSelfAttention : public Module {
   Tensor qkv_, probs_, stats_, y_, dqkv_;  // probs_: MATERIALIZED's [B, H, T, T]; stats_: FLASH's [B, H, T, 2]
   std::vector<float> k_cache_, v_cache_;  // [H, max_seq, hs] FP32 (exact widenings of the working-dtype k, v)
   int64_t cached_ = 0;
+  void attend(const Tensor& x);  // forward() up to c_proj: qkv_, the kernel's state and y_
   void append_kv(const float* row, int64_t pos);  // row: one [3C] row of qkv in FP32
   // One head's decode output y [hs] from its scores [n] and values vh [n, hs] in FLASH's arithmetic (its key blocks,
   // running maximum and rescaling, unnormalised p rounded to the p @ v dtype, one division by the sum).

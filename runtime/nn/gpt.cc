@@ -267,14 +267,11 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
   const bool recompute = cfg_.recompute() == BLOCK && !keep_block_buffers_;
   // Under recompute one set of block buffers moves up the blocks in a forward and down in a backward; a forward
   // without a backward (evaluation) leaves it at the last block: it starts every forward at block 0.
-  if (recompute && moving_set_at_ != 0 && moving_set_at_ < blocks_.size()) {
-    blocks_[moving_set_at_]->pass_buffers_to(*blocks_.front(), false);
-    moving_set_at_ = 0;
-  }
+  if (recompute) move_block_buffers(0, false);
+  // POINTWISE: the LayerNorm and GELU outputs go to the shared buffers, overwritten by the next block.
+  const bool shared = cfg_.recompute() == POINTWISE;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = *blocks_[l];
-    // POINTWISE: the LayerNorm and GELU outputs go to the shared buffers, overwritten by the next block.
-    const bool shared = cfg_.recompute() == POINTWISE;
     if (shared) b.ln_1->forward_into(resid_[k], ln_out_[0]);
     residual(b.attn->forward(shared ? ln_out_[0] : b.ln_1->forward(resid_[k])), static_cast<uint32_t>(1 + 2 * l));
     if (shared) b.ln_2->forward_into(resid_[k], ln_out_[1]);
@@ -287,8 +284,7 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
     // Under recompute the block's input (resid_) is all the backward's rerun needs: all its buffers, the branch
     // outputs with them, serve the next block.
     if (recompute) {
-      if (next) b.pass_buffers_to(*next, false);
-      moving_set_at_ = next ? l + 1 : l;  // the last block keeps the set, branch outputs included, for its rerun
+      if (next) move_block_buffers(l + 1, false);  // the last block keeps the set, branch outputs included, for its rerun
     } else {
       // The branch outputs go to the next block; the last block's back to the first, for the next forward.
       b.pass_branch_outputs(next ? next : blocks_.front().get());
@@ -300,10 +296,16 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
 void GptModel::recompute_block(size_t l) {
   // The forward of run() for block l from its kept input, without the residual adds (resid_ holds their results):
   // the same deterministic kernels on the same inputs, so every buffer the backward reads is bitwise the original.
-  // The branch outputs (and their dropout, which nothing upstream reads) are not needed again.
+  // The two c_proj outputs (the branches, and their dropout) are not read by the backward: not computed again.
   Block& b = *blocks_[l];
-  b.attn->forward(b.ln_1->forward(resid_[2 * l]));
-  b.c_proj->forward(b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[2 * l + 1]))));
+  b.attn->recompute_for_backward(b.ln_1->forward(resid_[2 * l]));
+  b.c_proj->resave_input(b.gelu->forward(b.c_fc->forward(b.ln_2->forward(resid_[2 * l + 1]))));
+}
+
+void GptModel::move_block_buffers(size_t to, bool backward_only) {
+  if (moving_set_at_ != to && moving_set_at_ < blocks_.size() && to < blocks_.size())
+    blocks_[moving_set_at_]->pass_buffers_to(*blocks_[to], backward_only);
+  moving_set_at_ = to;
 }
 
 const Tensor& GptModel::head(const Tensor& hf) {
@@ -356,12 +358,9 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
     return dbranch_;
   };
   const bool recompute = cfg_.recompute() == BLOCK;
-  // The moving set of backward buffers ended the last backward at block 0: it starts this one at the last block
-  // (under recompute the forward left the whole set there, where moving_set_at_ says).
-  if (!recompute && blocks_.size() > 1) blocks_.front()->pass_buffers_to(*blocks_.back(), true);
-  if (recompute && !blocks_.empty() && moving_set_at_ != blocks_.size() - 1 && moving_set_at_ < blocks_.size()) {
-    blocks_[moving_set_at_]->pass_buffers_to(*blocks_.back(), false);
-  }
+  // The moving set of buffers (backward ones; under recompute all) starts at the last block and moves down: it ended
+  // the last backward at block 0 (under recompute the forward has just left it at the last block).
+  if (!blocks_.empty()) move_block_buffers(blocks_.size() - 1, !recompute);
   for (size_t l = blocks_.size(); l-- > 0;) {
     Block& b = *blocks_[l];
     if (recompute) recompute_block(l);
@@ -378,8 +377,7 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
     const Tensor& da = b.attn->backward(branch_grad(1 + 2 * l), ctx);
     b.ln_1->backward_into(da, ctx, dresid_, true);
     // One block's backward buffers at a time (under recompute one block's buffers of any kind), handed down.
-    if (l > 0) b.pass_buffers_to(*blocks_[l - 1], !recompute);
-    moving_set_at_ = l;
+    if (l > 0) move_block_buffers(l - 1, !recompute);
   }
   dropout(dresid_, 0);
   emb_->set_keep_token_grad(!lm_head_);

@@ -83,6 +83,8 @@ class GptModel : public Module {
   const Tensor& run(const Tensor& token_ids, int64_t t);
   const Tensor& head(const Tensor& ln_f_out);  // logits [N, V] of ln_f's output
   void recompute_block(size_t l);              // model.gpt.recompute: BLOCK, before block l's backward
+  // The one moving set of block buffers (backward_only: the backward's) from block moving_set_at_ to block `to`.
+  void move_block_buffers(size_t to, bool backward_only);
   void dropout(Tensor& x, uint32_t site);
 
   GptConfig cfg_;
@@ -99,7 +101,7 @@ class GptModel : public Module {
   int64_t cached_ = 0;
   bool keep_block_buffers_ = false;  // prefill: every block keeps its buffers whatever model.gpt.recompute says
   Tensor ln_out_[2], gelu_out_;  // recompute: POINTWISE, the blocks' one output of ln_1, ln_2 and the GELU
-  size_t moving_set_at_ = 0;      // recompute: BLOCK, the block that holds the one set of block buffers
+  size_t moving_set_at_ = 0;      // the block that holds the one moving set of block buffers
   std::vector<Tensor> resid_;  // resid_[k]: the residual stream after k branches (0: the embedding), FP32
   Tensor ids_, h_cast_, logits_, dresid_, dbranch_, dh_;
 };

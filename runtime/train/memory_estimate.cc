@@ -14,20 +14,24 @@
 
 namespace ampdist {
 
-int64_t eval_batch_size(const RunConfig& cfg, int world_size) {
-  if (cfg.data().eval_batch_size() > 0) return cfg.data().eval_batch_size();
+namespace {
+// Samples per micro-batch on each rank: global_batch_size / (world_size * accumulation_steps).
+int64_t micro_batch_size(const RunConfig& cfg, int world_size) {
   const int64_t per_step = static_cast<int64_t>(std::max(world_size, 1)) *
                            std::max(cfg.optimizer().accumulation_steps(), 1);
   return std::max<int64_t>(cfg.data().global_batch_size() / per_step, 1);
+}
+}  // namespace
+
+int64_t eval_batch_size(const RunConfig& cfg, int world_size) {
+  return cfg.data().eval_batch_size() > 0 ? cfg.data().eval_batch_size() : micro_batch_size(cfg, world_size);
 }
 
 MemoryEstimate estimate_memory(const RunConfig& cfg, const Module& model, int64_t parameters,
                                const Shape& sample_shape, DType working, int world_size) {
   MemoryEstimate e;
   e.parameters = parameters;
-  const int64_t per_step = static_cast<int64_t>(std::max(world_size, 1)) *
-                           std::max(cfg.optimizer().accumulation_steps(), 1);
-  e.micro_batch = std::max<int64_t>(cfg.data().global_batch_size() / per_step, 1);
+  e.micro_batch = micro_batch_size(cfg, world_size);
   e.eval_batch = eval_batch_size(cfg, world_size);
   const bool zero1 = cfg.optimizer().zero_stage() >= 1 && world_size > 1;
   const int64_t slice = zero1 ? (parameters + world_size - 1) / world_size : parameters;
