@@ -2,7 +2,7 @@
 # GPT-2 124M in its real shape (12 layers, 12 heads, 768 channels, context 1024, vocabulary 50257 padded to 50304,
 # random weights) against the same model in PyTorch (bench/torch_gpt.py: scaled_dot_product_attention with
 # is_causal, AdamW), on the same batch of windows of the fortunes text: s/step and peak resident memory per rank.
-#   - ampdist in fp32 and bf16 with the default recompute (POINTWISE), fp32 with recompute BLOCK, and fp32 as it was
+#   - ampdist in fp32 and bf16 with the default recompute (POINTWISE) and with recompute BLOCK, and fp32 as it was
 #     before the fused attention (attention MATERIALIZED, recompute NONE), each beside its set-up estimate
 #     (`ampdist train --dry-run`);
 #   - PyTorch (from PyPI, installed once into TORCH_VENV, default ~/.cache/ampdist-bench/venv) in fp32 and under
@@ -19,6 +19,7 @@ batch=${2:-8}
 steps=${3:-1}
 repeat=${4:-2}
 N=${THREADS:-$(nproc)}
+# No binding: a 1-rank row runs N threads, as PyTorch does (Open MPI binds each rank to one core by default).
 export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
 TORCH_VENV=${TORCH_VENV:-$HOME/.cache/ampdist-bench/venv}
 PY=$TORCH_VENV/bin/python3
@@ -56,16 +57,16 @@ layouts=("1x$N")
 for layout in "${layouts[@]}"; do
   np=${layout%x*}
   th=${layout#*x}
-  for spec in "fp32 POINTWISE FLASH" "bf16 POINTWISE FLASH" "fp32 BLOCK FLASH" "fp32 NONE MATERIALIZED"; do
+  for spec in "fp32 POINTWISE FLASH" "bf16 POINTWISE FLASH" "fp32 BLOCK FLASH" "bf16 BLOCK FLASH" "fp32 NONE MATERIALIZED"; do
     read -r p r a <<<"$spec"
     name="ampdist $p recompute $r attention $a"
     sets=(--set "model.gpt.recompute=$r" --set "model.gpt.attention=$a" --set "train.threads_per_rank=$th")
     # The set-up estimate per rank for this world size (the dry run creates and allocates nothing).
-    est=$(mpirun -q --oversubscribe -np "$np" "$build/ampdist" train --config "$cfg" --precision "$p" "${sets[@]}" \
+    est=$(mpirun -q --oversubscribe --bind-to none -np "$np" "$build/ampdist" train --config "$cfg" --precision "$p" "${sets[@]}" \
           --dry-run 2>/dev/null | sed -n 's/^memory estimate per rank: \([0-9.]*\) GiB.*/\1/p' | head -1 || true)
     [ -z "$est" ] && est=refused
     json=$out/a.json
-    mpirun -q --oversubscribe -np "$np" "$build/bench/ampdist_bench_train" --config "$cfg" --precision "$p" "${sets[@]}" \
+    mpirun -q --oversubscribe --bind-to none -np "$np" "$build/bench/ampdist_bench_train" --config "$cfg" --precision "$p" "${sets[@]}" \
       --warmup 1 --steps "$steps" --repeat "$repeat" --json "$json" >"$out/a.log" 2>&1 || { cat "$out/a.log"; exit 1; }
     row "$name" "$layout" "$(med "$json")" "$(rss_a "$json")" "$est"
   done
@@ -92,7 +93,7 @@ res=bench/results/gpt2_124m-$(date +%Y%m%d-%H%M%S).json
 {
   echo "{\"date\": \"$(date -Iseconds)\", \"cpu\": \"$cpu\", \"cpu_flags\": \"$flags\", \"nproc\": $(nproc),"
   echo " \"batch\": $batch, \"steps\": $steps, \"repeat\": $repeat,"
-  echo " \"torch\": \"$("$PY" -c 'import torch; print(torch.__version__)')\", \"git_commit\": \"$(git -C "$ROOT" rev-parse --short HEAD)\","
+  echo " \"torch\": \"$("$PY" -c 'import torch; print(torch.__version__)')\", \"git_commit\": \"$(git -C "$ROOT" describe --always --dirty)\","
   echo " \"rows\": [$(IFS=,; echo "${rows[*]}")]}"
 } >"$res"
 echo "wrote $res"

@@ -38,6 +38,8 @@ void check_config(const GptConfig& c) {
     throw bad("init_scale", "must be finite and > 0, got " + std::to_string(c.init_scale()));
   if (c.recompute() != NONE && c.recompute() != POINTWISE && c.recompute() != BLOCK)
     throw bad("recompute", "must be NONE, POINTWISE or BLOCK, got " + GptRecompute_Name(c.recompute()));
+  if (c.head_chunk_rows() < 0)
+    throw bad("head_chunk_rows", "must be >= 0 (0: automatic), got " + std::to_string(c.head_chunk_rows()));
   if (c.attention() != FLASH && c.attention() != MATERIALIZED)
     throw bad("attention", "must be FLASH or MATERIALIZED, got " + AttentionKernel_Name(c.attention()));
   const double params = 12.0 * c.n_layer() * double(c.n_embd()) * c.n_embd() +
@@ -165,11 +167,12 @@ const Tensor& GptModel::forward(const Tensor& x) {
     sample_ids_[static_cast<size_t>(b)] =
         static_cast<uint32_t>(row[T + 1]) | (static_cast<uint32_t>(row[T + 2]) << 16);
   }
-  return run(ids_, T);
+  return run(ids_, T, cfg_.recompute() != BLOCK);
 }
 
 Shape GptModel::output_shape(const Shape& in) const {
-  return {(in.empty() ? 0 : in[0]) * cfg_.seq_len(), cfg_.vocab_size()};
+  const int64_t n = (in.empty() ? 0 : in[0]) * cfg_.seq_len();
+  return {n, cfg_.recompute() == BLOCK ? cfg_.n_embd() : cfg_.vocab_size()};
 }
 
 int64_t GptModel::activation_bytes(const Shape& in, DType working, bool training) const {
@@ -187,7 +190,8 @@ int64_t GptModel::activation_bytes(const Shape& in, DType working, bool training
   // under POINTWISE the blocks share one output of each LayerNorm and of the GELU).
   int64_t per_token = L * 8 * C + (recompute ? std::min<int64_t>(L, 1) : L) * block_forward;
   if (cfg_.recompute() == POINTWISE && L > 0) per_token -= (L - 1) * 6 * C * w;
-  per_token += 8 * C + 8 + C * hw + V * hw;  // the embedding and residual 0, ln_f and its statistics, the logits
+  per_token += 8 * C + 8 + C * hw;  // the embedding and residual 0, ln_f and its statistics
+  if (!recompute) per_token += V * hw;  // the logits (under BLOCK one chunk's, below)
   per_token += L > 0 ? 2 * C * w : 0;  // one block's two branch outputs (they move from block to block)
   if (training) {
     // One block's backward buffers (they move down the blocks in the backward and are still allocated, with the
@@ -198,6 +202,7 @@ int64_t GptModel::activation_bytes(const Shape& in, DType working, bool training
     per_token += 8 + C * hw + 4 * C + (cfg_.dropout() > 0.0f ? 4 * C : 0);
   }
   int64_t bytes = N * per_token;
+  if (recompute) bytes += std::min(N, head_chunk_rows()) * V * hw;
   if (materialized && L > 0)  // the kernels' per-thread scores (and, training, dp and ds) of one window
     bytes += static_cast<int64_t>(kernels::num_threads()) * H * T * T * 4 * (training ? 3 : 1);
   return bytes;
@@ -213,7 +218,7 @@ const Tensor& GptModel::logits(std::span<const int32_t> tokens, int64_t batch, i
   sample_ids_.assign(static_cast<size_t>(batch), 0);
   const bool was_training = training_;
   training_ = false;
-  const Tensor& out = run(ids_, t);
+  const Tensor& out = run(ids_, t, true);
   training_ = was_training;
   return out;
 }
@@ -249,10 +254,10 @@ const Tensor& GptModel::decode(int32_t token) {
   }
   ++cached_;
   training_ = was_training;
-  return head(ln_f_->forward(resid_[k]));
+  return head(ln_f_->forward(resid_[k]), true);
 }
 
-const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
+const Tensor& GptModel::run(const Tensor& token_ids, int64_t t, bool keep_logits) {
   for (auto& b : blocks_) b->attn->set_seq_len(t);
   copy_fp32(emb_->forward(token_ids), resid_[0]);
   dropout(resid_[0], 0);
@@ -290,7 +295,7 @@ const Tensor& GptModel::run(const Tensor& token_ids, int64_t t) {
       b.pass_branch_outputs(next ? next : blocks_.front().get());
     }
   }
-  return head(ln_f_->forward(resid_[k]));
+  return head(ln_f_->forward(resid_[k]), keep_logits);
 }
 
 void GptModel::recompute_block(size_t l) {
@@ -308,48 +313,88 @@ void GptModel::move_block_buffers(size_t to, bool backward_only) {
   moving_set_at_ = to;
 }
 
-const Tensor& GptModel::head(const Tensor& hf) {
-  if (lm_head_) return lm_head_->forward(hf);
-  // Tied head: logits = h @ wte^T, a GEMM in the working dtype (autocast "linear" of layer "lm_head").
-  const Tensor* h = &hf;
+int64_t GptModel::head_chunk_rows() const {
+  if (cfg_.head_chunk_rows() > 0) return cfg_.head_chunk_rows();
+  const int64_t rows = (int64_t{128} << 20) / (int64_t{4} * cfg_.vocab_size()) / 64 * 64;
+  return std::max<int64_t>(64, rows);
+}
+
+Parameter& GptModel::head_weight() { return lm_head_ ? lm_head_->weight() : emb_->token_weight(); }
+
+const Tensor& GptModel::head(const Tensor& hf, bool keep_logits) {
+  // logits = h @ W^T, W = wte (tied) or lm_head.weight, a GEMM in the head's dtype (autocast "linear" of layer
+  // "lm_head"), by chunks of rows: the same calls whether the logits are kept or recomputed per chunk.
   if (hf.dtype() != head_dtype_) {
     h_cast_.ensure(hf.shape(), head_dtype_, hf.device());
     kernels::cast(hf, h_cast_);
-    h = &h_cast_;
   } else {
     h_cast_ = hf;
   }
-  const int64_t V = cfg_.vocab_size();
-  logits_.ensure({hf.dim(0), V}, head_dtype_, hf.device());
-  kernels::gemm(*h, false, emb_->token_weight().weights_for(head_dtype_).rows(0, V), true, logits_);
+  logits_kept_ = keep_logits;
+  if (!keep_logits) {
+    logits_ = Tensor();  // whatever an inference call left; head_logits computes one chunk at a time
+    return h_cast_;
+  }
+  const int64_t N = hf.dim(0), V = cfg_.vocab_size(), R = head_chunk_rows();
+  logits_.ensure({N, V}, head_dtype_, hf.device());
+  const Tensor W = head_weight().weights_for(head_dtype_).rows(0, V);
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    Tensor out = logits_.rows(r0, std::min(N, r0 + R));
+    kernels::gemm(h_cast_.rows(r0, std::min(N, r0 + R)), false, W, true, out);
+  }
   return logits_;
+}
+
+Tensor GptModel::head_logits(int64_t r0, int64_t r1) {
+  const int64_t N = h_cast_.ndim() == 2 ? h_cast_.dim(0) : 0, V = cfg_.vocab_size();
+  if (r0 < 0 || r1 <= r0 || r1 > N || r0 % head_chunk_rows() != 0 || r1 - r0 > head_chunk_rows())
+    throw Error("gpt: head_logits(" + std::to_string(r0) + ", " + std::to_string(r1) + ") is not a chunk of " +
+                std::to_string(head_chunk_rows()) + " of the last forward's " + std::to_string(N) + " rows");
+  if (logits_kept_) return logits_.rows(r0, r1);
+  chunk_logits_.ensure({r1 - r0, V}, head_dtype_, h_cast_.device());
+  kernels::gemm(h_cast_.rows(r0, r1), false, head_weight().weights_for(head_dtype_).rows(0, V), true, chunk_logits_);
+  return chunk_logits_;
 }
 
 const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
   const bool outer_need = ctx.need_input_grad;
   ctx.need_input_grad = true;
-  const Tensor* dh;
-  if (lm_head_) {
-    dh = &lm_head_->backward(dy, ctx);
-  } else {
-    const Tensor* dl = &dy;
-    if (dy.dtype() != head_dtype_) {
-      dbranch_.ensure(dy.shape(), head_dtype_, dy.device());
-      kernels::cast(dy, dbranch_);
-      dl = &dbranch_;
+  const int64_t N = h_cast_.dim(0), V = cfg_.vocab_size(), R = head_chunk_rows();
+  const bool given = dy.data() != nullptr;  // an empty Tensor(): the bound head gradient
+  if (given && (dy.ndim() != 2 || dy.dim(0) != N || dy.dim(1) != V))
+    throw Error("gpt: backward got dlogits " + shape_str(dy.shape()) + " for logits [" + std::to_string(N) + ", " +
+                std::to_string(V) + "]");
+  if (!given && !head_gradient_)
+    throw Error("gpt: backward without dlogits needs a head gradient (LanguageModelLoss::backward binds one)");
+  // Per chunk: dW [V, C] += dlogits^T [V, rows] @ h [rows, C] in FP32 (written by the first chunk of the first
+  // micro-batch), dh [rows, C] = dlogits @ W. For the tied head the embedding's backward adds its scatter after
+  // this; the padded rows beyond V are never written here (the embedding's backward zeroes them with the rest).
+  Parameter& w = head_weight();
+  const Tensor W = w.weights_for(head_dtype_).rows(0, V);
+  Tensor dW = w.grad.rows(0, V);
+  dh_.ensure(h_cast_.shape(), head_dtype_, h_cast_.device());
+  for (int64_t c = 0, r0 = 0; r0 < N; ++c, r0 += R) {
+    const int64_t r1 = std::min(N, r0 + R);
+    Tensor dl;
+    if (given) {
+      dl = dy.rows(r0, r1);
+      if (dl.dtype() != head_dtype_) {
+        dl_cast_.ensure(dl.shape(), head_dtype_, dl.device());
+        kernels::cast(dl, dl_cast_);
+        dl = dl_cast_;
+      }
+    } else {
+      dl = head_logits(r0, r1);
+      head_gradient_(c, dl);
     }
-    Parameter& wte = emb_->token_weight();
-    const int64_t V = cfg_.vocab_size();
-    // dwte [V, C] = dlogits^T [V, N] @ h [N, C]; the embedding's backward adds its scatter after this. The padded
-    // rows beyond V are never written here (the embedding's backward zeroes them with the rest).
-    Tensor dwte = wte.grad.rows(0, V);
-    kernels::gemm(*dl, true, h_cast_, false, dwte, 1.0f, ctx.accumulate ? 1.0f : 0.0f);
-    dh_.ensure(h_cast_.shape(), head_dtype_, h_cast_.device());
-    kernels::gemm(*dl, false, wte.weights_for(head_dtype_).rows(0, V), false, dh_);
-    dh = &dh_;
+    kernels::gemm(dl, true, h_cast_.rows(r0, r1), false, dW, 1.0f, ctx.accumulate || r0 > 0 ? 1.0f : 0.0f);
+    Tensor dh = dh_.rows(r0, r1);
+    kernels::gemm(dl, false, W, false, dh);
   }
+  head_gradient_ = nullptr;
+  if (lm_head_ && ctx.on_grad_ready) ctx.on_grad_ready(w);
   dresid_.ensure(resid_.back().shape(), DType::kFloat32, resid_.back().device());
-  ln_f_->backward_into(*dh, ctx, dresid_, false);
+  ln_f_->backward_into(dh_, ctx, dresid_, false);
   const bool drop = training_ && cfg_.dropout() > 0.0f;
   auto branch_grad = [&](uint32_t site) -> const Tensor& {
     if (!drop) return dresid_;
@@ -388,28 +433,45 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
 
 // ---- LanguageModelLoss -------------------------------------------------------------------------------------------
 
-double LanguageModelLoss::forward(const Tensor& logits, std::span<const int32_t>) {
+double LanguageModelLoss::forward(const Tensor& output, std::span<const int32_t>) {
   const std::span<const int32_t> targets = model_.targets();
-  if (logits.ndim() != 2 || logits.dim(0) != static_cast<int64_t>(targets.size()))
-    throw Error("language-model loss: logits " + shape_str(logits.shape()) + " for " +
-                std::to_string(targets.size()) + " targets");
-  logits_ = logits;
+  const int64_t N = static_cast<int64_t>(targets.size()), R = model_.head_chunk_rows();
+  if (output.ndim() != 2 || output.dim(0) != N)
+    throw Error("language-model loss: model output " + shape_str(output.shape()) + " for " + std::to_string(N) +
+                " targets");
+  chunks_.resize(static_cast<size_t>((N + R - 1) / R));
   const double seq_len = static_cast<double>(model_.seq_len());
-  if (!device_loss_sum_) return kernels::softmax_cross_entropy_forward(logits, targets, lse_) / seq_len;
-  // The training step: the loss is added to the step state where it lives (no host read on either backend).
-  kernels::softmax_cross_entropy_forward_to(logits, targets, targets_dev_, lse_, row_loss_, device_loss_sum_, seq_len);
-  return 0.0;
+  double sum = 0.0;
+  for (int64_t c = 0, r0 = 0; r0 < N; ++c, r0 += R) {
+    const int64_t r1 = std::min(N, r0 + R);
+    const Tensor logits = model_.head_logits(r0, r1);
+    const std::span<const int32_t> t = targets.subspan(static_cast<size_t>(r0), static_cast<size_t>(r1 - r0));
+    Chunk& ch = chunks_[static_cast<size_t>(c)];
+    if (device_loss_sum_)  // the training step: added to the step state where it lives (no host read)
+      kernels::softmax_cross_entropy_forward_to(logits, t, ch.targets_dev, ch.lse, ch.row_loss, device_loss_sum_,
+                                                seq_len);
+    else
+      sum += kernels::softmax_cross_entropy_forward(logits, t, ch.lse);
+  }
+  return sum / seq_len;
 }
 
 const Tensor& LanguageModelLoss::backward(float grad_scale) {
-  dlogits_ = logits_;  // in place: an element-wise kernel, and nothing reads the logits after their gradient
-  const float seq_len = static_cast<float>(model_.seq_len());
-  if (device_scale_)
-    kernels::softmax_cross_entropy_backward_from(logits_, model_.targets(), targets_dev_, lse_, device_scale_,
-                                                 device_divisor_, seq_len, dlogits_);
-  else
-    kernels::softmax_cross_entropy_backward(logits_, model_.targets(), lse_, grad_scale / seq_len, dlogits_);
-  return dlogits_;
+  const float* scale = device_scale_;
+  const double divisor = device_divisor_;
+  model_.set_head_gradient([this, scale, divisor, grad_scale](int64_t c, Tensor& logits) {
+    const int64_t r0 = c * model_.head_chunk_rows();
+    const std::span<const int32_t> t =
+        model_.targets().subspan(static_cast<size_t>(r0), static_cast<size_t>(logits.dim(0)));
+    const Chunk& ch = chunks_.at(static_cast<size_t>(c));
+    const float seq_len = static_cast<float>(model_.seq_len());
+    // In place: an element-wise kernel, and nothing reads a chunk's logits after its gradient.
+    if (scale)
+      kernels::softmax_cross_entropy_backward_from(logits, t, ch.targets_dev, ch.lse, scale, divisor, seq_len, logits);
+    else
+      kernels::softmax_cross_entropy_backward(logits, t, ch.lse, grad_scale / seq_len, logits);
+  });
+  return kNone;
 }
 
 int32_t sample_next_token(std::span<const float> logits, float temperature, int top_k, float u) {

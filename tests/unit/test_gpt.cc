@@ -305,8 +305,10 @@ Tensor windows(const GptConfig& c, int64_t B) {
   return x;
 }
 
-void check_model_gradients(bool tied, float dropout) {
-  const GptConfig cfg = small_config(tied, dropout);
+void check_model_gradients(bool tied, float dropout, GptRecompute recompute = POINTWISE, int head_chunk_rows = 0) {
+  GptConfig cfg = small_config(tied, dropout);
+  cfg.set_recompute(recompute);
+  cfg.set_head_chunk_rows(head_chunk_rows);
   const Autocast ac(DType::kFloat32);
   GptModel model(cfg, ac, 5);
   auto mw = fp32_masters(model);
@@ -333,10 +335,21 @@ void check_model_gradients(bool tied, float dropout) {
 TEST(GptModel, GradientsMatchFiniteDifferencesTied) { check_model_gradients(true, 0.0f); }
 TEST(GptModel, GradientsMatchFiniteDifferencesUntied) { check_model_gradients(false, 0.0f); }
 TEST(GptModel, GradientsMatchFiniteDifferencesWithDropout) { check_model_gradients(true, 0.2f); }
+// The head and the loss by chunks of 5 of the 18 rows (the last chunk 3): under BLOCK each chunk's logits are
+// computed in the loss's forward and again in the backward, and the head's weight gradient is added chunk by chunk.
+TEST(GptModel, GradientsMatchFiniteDifferencesByHeadChunks) {
+  for (bool tied : {true, false})
+    for (GptRecompute r : {NONE, BLOCK}) {
+      SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + GptRecompute_Name(r));
+      check_model_gradients(tied, 0.0f, r, 5);
+    }
+}
 
 // recompute: POINTWISE reruns each block's GELU and BLOCK each block's forward before its backward: the same kernels on
 // the same inputs, so the loss and every gradient element are bitwise those of NONE, in every precision and with
-// dropout (whose masks are keyed by step, site and window, not drawn in order), for both attention kernels.
+// dropout (whose masks are keyed by step, site and window, not drawn in order), for both attention kernels. The head
+// runs by chunks of 7 of the 18 rows: BLOCK computes each chunk's logits again in the backward, the other modes
+// keep them.
 TEST(GptModel, RecomputeGivesBitwiseTheSameLossAndGradients) {
   for (DType working : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
     for (AttentionKernel kernel : {FLASH, MATERIALIZED}) {
@@ -348,6 +361,7 @@ TEST(GptModel, RecomputeGivesBitwiseTheSameLossAndGradients) {
         cfg.set_n_layer(3);
         cfg.set_attention(kernel);
         cfg.set_recompute(r == 0 ? NONE : r == 1 ? POINTWISE : BLOCK);
+        cfg.set_head_chunk_rows(7);
         const Autocast ac(working);
         GptModel model(cfg, ac, 5);
         std::vector<Parameter*> params;

@@ -62,9 +62,11 @@ TEST(MemoryEstimate, EvaluationBatchDefaultsToTheTrainingMicroBatch) {
 // tensors take beyond the parameters' (the peak over three steps)
 // against GptModel::activation_bytes, which counts every buffer of the model and its loss; allocations are rounded
 // up to 64 bytes (at most 64 bytes for each of about 60 buffers here, against megabytes): 0.2%.
-void check_gpt_step(DType working, AttentionKernel kernel, GptRecompute recompute) {
+// head_chunk_rows 0: automatic (one chunk here); under BLOCK a chunk of 96 of the 256 rows (three chunks, the last
+// of 64) must leave one chunk's logits, never all of them.
+void check_gpt_step(DType working, AttentionKernel kernel, GptRecompute recompute, int head_chunk_rows) {
   SCOPED_TRACE(std::string(dtype_name(working)) + (kernel == FLASH ? " FLASH" : " MATERIALIZED") +
-               " recompute " + GptRecompute_Name(recompute));
+               " recompute " + GptRecompute_Name(recompute) + " head_chunk_rows " + std::to_string(head_chunk_rows));
   GptConfig g;
   g.set_n_layer(2);
   g.set_n_head(4);
@@ -73,6 +75,7 @@ void check_gpt_step(DType working, AttentionKernel kernel, GptRecompute recomput
   g.set_vocab_size(256);
   g.set_attention(kernel);
   g.set_recompute(recompute);
+  g.set_head_chunk_rows(head_chunk_rows);
   const Autocast ac(working);
   GptModel model(g, ac, 1);
   std::vector<Parameter*> params;
@@ -106,7 +109,8 @@ void check_gpt_step(DType working, AttentionKernel kernel, GptRecompute recomput
 TEST(MemoryEstimate, GptActivationsAreTheBytesAStepsBuffersTake) {
   for (DType w : {DType::kFloat32, DType::kBFloat16, DType::kFloat16})
     for (AttentionKernel k : {FLASH, MATERIALIZED})
-      for (GptRecompute r : {NONE, POINTWISE, BLOCK}) check_gpt_step(w, k, r);
+      for (GptRecompute r : {NONE, POINTWISE, BLOCK})
+        for (int rows : {0, 96}) check_gpt_step(w, k, r, rows);
 }
 
 }  // namespace
