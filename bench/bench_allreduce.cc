@@ -29,7 +29,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/mpi_communicator.h"
-#include "comm/reducer.h"
+#include "runtime/dist/reducer.h"
 #include "runtime/amp/master_weights.h"
 #include "runtime/core/error.h"
 #include "runtime/nn/module.h"

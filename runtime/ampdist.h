@@ -8,7 +8,7 @@
 #include "comm/consensus.h"
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
-#include "comm/reducer.h"
+#include "runtime/dist/reducer.h"
 #include "runtime/amp/autocast.h"
 #include "runtime/amp/loss_scaler.h"
 #include "runtime/amp/master_weights.h"

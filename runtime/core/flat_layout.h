@@ -1,6 +1,6 @@
 // FlatLayout: named tensors laid out back to back in one flat buffer, in registration order: the layout of the
 // master weights, their working copy, the gradients and the optimizer moments (amp/master_weights.h), of the
-// reducer's buckets (comm/reducer.h) and of a checkpoint's tensor index. It knows names, shapes and offsets only,
+// reducer's buckets (runtime/dist/reducer.h) and of a checkpoint's tensor index. It knows names, shapes and offsets only,
 // so every layer that needs the layout can use it without knowing what a model parameter is.
 #pragma once
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "runtime/core/device.h"
+#include "runtime/dist/publish.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/train/trainer.h"
 
@@ -85,7 +86,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   phase_end(Phase::kUnscaleConsensus);
 
   phase_begin(Phase::kOptimizer);
-  if (sharded()) reduce_slice_sums();  // the global norm from every rank's slice
+  if (sharded()) reduce_slice_sums(comm_, *state_, rank_sums_);  // the global norm from every rank's slice
   state_->finish_step(step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update
   Tensor grads = masters_->grad_slice();
   // A no-op on a skipped step. Unsharded 16-bit runs round each updated weight into the working copy in the same
@@ -94,7 +95,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   masters_->mark_working_current();
   // Sharded state all-gathers the updated working copy. Every step, so the host never needs the agreed flag: on a
   // skipped step the optimizer left the master slice as it was, and the gather moves the same working-copy bits.
-  if (sharded()) publish();
+  if (sharded()) publish(*masters_, comm_);
   // Model buffers: committed on the device only by an applied step (the commit reads the agreed flag there).
   if (buffers_) commit_buffers();
   // The numerics report (opt-in observability) needs the flag on the host: its one read per step.
@@ -146,27 +147,6 @@ ConsensusFields Trainer::consensus_fields() {
   f.agreed_stop = &st->agreed_stop;
   f.disagree = &st->disagree;
   return f;
-}
-
-void Trainer::reduce_slice_sums() {
-  const int world = comm_.world_size();
-  double* sums = static_cast<double*>(rank_sums_.data());
-  device::copy(sums + comm_.rank(), device_, &state_->get()->sum_sq, device_, sizeof(double));
-  // A double travels as four 16-bit words: an all-gather only moves bytes, and no float format sees them.
-  const std::vector<int64_t> counts(static_cast<size_t>(world), 4);
-  comm_.allgather_inplace_async(sums, counts, DType::kFloat16, "sum of squares all-gather")->wait();
-  state_->sum_rank_sums(sums, world);
-}
-
-void Trainer::publish() {
-  masters_->update_working_slice();
-  comm_.allgather_inplace_async(masters_->working().data(), masters_->slice_counts(), masters_->working_dtype(),
-                                "working copy all-gather")
-      ->wait();
-  if (masters_->fp32_copy().numel() > 0 && masters_->fp32_copy().data())
-    comm_.allgather_inplace_async(masters_->fp32_copy().data(), masters_->fp32_counts(), DType::kFloat32,
-                                  "FP32 copy all-gather")
-        ->wait();
 }
 
 void Trainer::commit_buffers() {

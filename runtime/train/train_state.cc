@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "runtime/core/device.h"
+#include "runtime/dist/publish.h"
 #include "runtime/train/config.h"
 #include "runtime/train/trainer.h"
 
@@ -219,7 +220,7 @@ std::string Trainer::restore(const Manifest& m) {
     for (size_t i = 0; i < state.size() && i < host_optim_.size(); ++i) host_optim_[i].copy_to(*state[i].second);
   }
   masters_->cast_to_working();
-  if (sharded()) publish();  // every rank restored its slice: rebuild the whole working copy
+  if (sharded()) publish(*masters_, comm_);  // every rank restored its slice: rebuild the whole working copy
   write_state();
   if (sampler_) {
     // Continue at the same global sample position; with the same global batch (any world size, any

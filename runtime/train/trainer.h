@@ -24,7 +24,7 @@
 #include "ampdist/config.pb.h"
 #include "comm/communicator.h"
 #include "comm/consensus.h"
-#include "comm/reducer.h"
+#include "runtime/dist/reducer.h"
 #include "runtime/amp/autocast.h"
 #include "runtime/amp/loss_scaler.h"
 #include "runtime/amp/master_weights.h"
@@ -169,8 +169,6 @@ class Trainer {
   bool agreed_found_inf();
   // Sharded: the global sum of squares from every rank's slice sum (all-gathered, summed in rank order: every rank
   // gets the same bits), and the all-gather of the updated working copy.
-  void reduce_slice_sums();
-  void publish();
   // An applied step: the staged buffers become the committed ones, then rank 0's are broadcast.
   void commit_buffers();
   // Calls fn(values, count) for the whole master buffer in order, in chunks (collective when sharded).

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/reducer.h"
+#include "runtime/dist/reducer.h"
 #include "runtime/amp/master_weights.h"
 #include "runtime/core/tensor.h"
 #include "runtime/nn/module.h"

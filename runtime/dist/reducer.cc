@@ -1,4 +1,4 @@
-#include "comm/reducer.h"
+#include "runtime/dist/reducer.h"
 
 #include <algorithm>
 
