@@ -32,6 +32,7 @@
 #include "runtime/core/rng.h"
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/transformer.h"
+#include "tests/test_tensors.h"
 
 namespace ampdist::attention_reference {
 
@@ -45,10 +46,7 @@ inline double unit_roundoff(DType d) {
 
 // A [rows, cols] tensor of dtype d with values U(lo, hi) rounded to d.
 inline Tensor random_tensor(int64_t rows, int64_t cols, DType d, uint32_t stream, float lo, float hi) {
-  Tensor f = Tensor::empty({rows, cols}, DType::kFloat32);
-  const RngStream rng{777, {stream, 0, 0}, RngPurpose::kSynthetic};
-  for (int64_t i = 0; i < f.numel(); ++i)
-    f.data_as<float>()[i] = lo + (hi - lo) * rng.uniform(static_cast<uint64_t>(i));
+  Tensor f = testing::TensorRng{777}({rows, cols}, stream, lo, hi);
   if (d == DType::kFloat32) return f;
   Tensor t = Tensor::empty({rows, cols}, d);
   kernels::cast(f, t);

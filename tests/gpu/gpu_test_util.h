@@ -11,6 +11,7 @@
 #include "runtime/core/rng.h"
 #include "runtime/core/tensor.h"
 #include "runtime/kernels/kernels.h"
+#include "tests/test_tensors.h"
 
 // Skips the test, saying why, when no GPU is visible (or the build has no CUDA backend).
 #define REQUIRE_GPU()                                                                                       \
@@ -47,13 +48,8 @@ inline ::testing::AssertionResult same_bits_any_nan(const Tensor& got, const Ten
   return ::testing::AssertionSuccess();
 }
 
-// A host FP32 tensor of uniform values in [lo, hi): stream `stream` of the synthetic-data RNG under seed 99.
-inline Tensor random_tensor(const Shape& shape, uint32_t stream, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(shape, DType::kFloat32);
-  const RngStream rng{99, {stream, 0, 0}, RngPurpose::kSynthetic};
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = lo + (hi - lo) * rng.uniform(i);
-  return t;
-}
+// Host FP32 tensors of uniform values in [lo, hi): stream `stream` of the synthetic-data RNG under seed 99.
+inline const TensorRng random_tensor{99};
 
 // t in dtype d: t itself, or a host copy converted by kernels::cast.
 inline Tensor as(const Tensor& t, DType d) {

@@ -3,9 +3,7 @@
 // finite differences in FP32; the forward convolution against a double reference; BatchNorm's running statistics
 // (PyTorch's update rule, staged until committed); 16-bit convolutions; ResNet-18's torchvision names.
 //
-// Finite-difference tolerance (as tests/unit/test_gpt.cc): a central difference with step h in FP32 has rounding
-// error about 2^-24 |L| / h and truncation error O(h^2 f'''). With |L| <~ 10 and h = 1e-2 that is <~ 1e-4, so
-// |fd - analytic| <= 2e-3 + 2e-2 |analytic| is ~10x the expected error and far below a wrong term.
+// The finite-difference bound and where it comes from: testing::check_grad (tests/test_tensors.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,54 +23,15 @@
 #include "runtime/kernels/kernels.h"
 #include "runtime/nn/cnn.h"
 #include "runtime/nn/conv.h"
+#include "tests/test_tensors.h"
 
 namespace ampdist {
 namespace {
 
-constexpr double kAbsTol = 2e-3, kRelTol = 2e-2;  // see the header comment
-
-float uniform(uint32_t stream, int64_t i, float lo, float hi) {
-  const RngStream rng{9090, {stream, 0, 0}, RngPurpose::kSynthetic};
-  return lo + (hi - lo) * rng.uniform(static_cast<uint64_t>(i));
-}
-Tensor random_tensor(const Shape& shape, uint32_t stream, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(shape, DType::kFloat32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = uniform(stream, i, lo, hi);
-  return t;
-}
-double dot(const Tensor& y, const Tensor& w) {
-  Tensor y32 = y;
-  if (y.dtype() != DType::kFloat32) {
-    y32 = Tensor::empty(y.shape(), DType::kFloat32);
-    kernels::cast(y, y32);
-  }
-  double s = 0.0;
-  for (int64_t i = 0; i < y32.numel(); ++i) s += static_cast<double>(y32.item(i)) * w.item(i);
-  return s;
-}
-double central(float* v, float h, const std::function<double()>& f) {
-  const float v0 = *v, up = v0 + h, down = v0 - h;
-  *v = up;
-  const double fp = f();
-  *v = down;
-  const double fm = f();
-  *v = v0;
-  return (fp - fm) / (static_cast<double>(up) - static_cast<double>(down));
-}
-void check_grad(const std::string& what, float* values, const std::vector<float>& analytic, int64_t count,
-                const std::function<double()>& loss, float h = 1e-2f) {
-  const int64_t n = static_cast<int64_t>(analytic.size());
-  const int64_t step = std::max<int64_t>(1, n / count);
-  for (int64_t i = 0; i < n; i += step) {
-    const double fd = central(values + i, h, loss);
-    EXPECT_NEAR(analytic[static_cast<size_t>(i)], fd, kAbsTol + kRelTol * std::abs(fd)) << what << "[" << i << "]";
-  }
-}
-std::vector<float> copy_of(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.item(i);
-  return v;
-}
+using testing::check_grad;
+using testing::copy_of;
+using testing::dot;
+const testing::TensorRng random_tensor{9090};
 // Parameters in FP32 master weights set to U(-0.5, 0.5) (BatchNorm gains 1 + U(-0.2, 0.2)), and the buffers bound.
 struct Bound {
   std::vector<Parameter*> params;
@@ -85,12 +44,7 @@ Bound bind(Module& m, DType working = DType::kFloat32) {
   m.collect_parameters(b.params);
   m.collect_buffers(b.buffers);
   b.mw = bind_parameters(b.params, working, Device::kCPU, 0);
-  for (Parameter* p : b.params) {
-    float* w = p->master.data_as<float>();
-    for (int64_t i = 0; i < p->numel(); ++i)
-      w[i] = p->init == ParamInit::kOnes ? 1.0f + uniform(100 + p->index, i, -0.2f, 0.2f)
-                                         : uniform(100 + p->index, i, -0.5f, 0.5f);
-  }
+  random_tensor.fill(b.params, -0.5f, 0.5f);
   b.mw->cast_to_working();
   if (!b.buffers.empty()) b.mb = std::make_unique<ModelBuffers>(b.buffers);
   return b;
@@ -115,9 +69,10 @@ void check_module(Module& m, Bound& b, Tensor& x, uint32_t seed, int64_t count =
     b.mw->cast_to_working();
     return dot(m.forward(x), w);
   };
-  check_grad("dx", x.data_as<float>(), dxa, count, loss, h);
+  check_grad("dx", x.data_as<float>(), dxa.data(), x.numel(), count, loss, h);
   for (size_t i = 0; i < b.params.size(); ++i)
-    check_grad(b.params[i]->name, b.params[i]->master.data_as<float>(), grads[i], count, loss, h);
+    check_grad(b.params[i]->name, b.params[i]->master.data_as<float>(), grads[i].data(), b.params[i]->numel(), count,
+               loss, h);
 }
 
 // ---- Conv2d ------------------------------------------------------------------------------------------------------

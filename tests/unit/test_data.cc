@@ -482,16 +482,8 @@ std::shared_ptr<InMemoryDataset> counting_dataset(int64_t n) {
 }
 
 SamplerOptions loader_options(int64_t n, int64_t g, int world, int rank, int accum, bool drop_last) {
-  SamplerOptions o;
-  o.dataset_size = n;
-  o.global_batch_size = g;
-  o.world_size = world;
-  o.rank = rank;
-  o.accumulation_steps = accum;
-  o.drop_last = drop_last;
-  o.shuffle = true;
-  o.seed = 77;
-  return o;
+  return {.dataset_size = n, .global_batch_size = g, .world_size = world, .rank = rank, .accumulation_steps = accum,
+          .drop_last = drop_last, .shuffle = true, .seed = 77};
 }
 
 TEST(Loader, DeliversTheSamplersIndicesAcrossEpochs) {

@@ -1,10 +1,7 @@
 // The transformer layers and the GPT model on the CPU backend: every backward against central finite differences
 // in FP32, attention's masked rows and FP32 scores, dropout masks keyed by the window, and sampling.
 //
-// Finite-difference tolerance. The loss is computed in FP32 layers and summed in double; a central difference with
-// step h has truncation error O(h^2 f''') and rounding error about eps_fp32 * |L| / h (eps = 2^-24 ~ 6e-8). With
-// |L| <~ 10, h = 1e-2: rounding <~ 6e-5 and truncation <~ 1e-4 * |f'''|, so |fd - analytic| <= 2e-3 + 2e-2 |analytic|
-// is about 10x the expected error and far below a wrong gradient (an error of a whole term is O(|analytic|)).
+// The finite-difference bound and where it comes from: testing::check_grad (tests/test_tensors.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,68 +22,22 @@
 #include "runtime/nn/gpt.h"
 #include "runtime/nn/layernorm.h"
 #include "runtime/train/config.h"
+#include "tests/test_tensors.h"
 
 namespace ampdist {
 namespace {
 
-constexpr double kAbsTol = 2e-3, kRelTol = 2e-2;  // see the header comment
-
-float uniform(uint32_t stream, int64_t i, float lo, float hi) {
-  const RngStream rng{4242, {stream, 0, 0}, RngPurpose::kSynthetic};
-  return lo + (hi - lo) * rng.uniform(static_cast<uint64_t>(i));
-}
-
-Tensor random_tensor(const Shape& shape, uint32_t stream, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(shape, DType::kFloat32);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = uniform(stream, i, lo, hi);
-  return t;
-}
-
-// sum_i y[i] * w[i] in double: a loss whose gradient with respect to y is w.
-double dot(const Tensor& y, const Tensor& w) {
-  double s = 0.0;
-  for (int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.item(i)) * w.item(i);
-  return s;
-}
-
-// Central difference of f at *v with the step actually taken in FP32.
-double central(float* v, float h, const std::function<double()>& f) {
-  const float v0 = *v, up = v0 + h, down = v0 - h;
-  *v = up;
-  const double fp = f();
-  *v = down;
-  const double fm = f();
-  *v = v0;
-  return (fp - fm) / (static_cast<double>(up) - static_cast<double>(down));
-}
-
-// Checks `count` evenly spread elements of `values` (perturbed in place) against `analytic`.
-void check_grad(const std::string& what, float* values, const float* analytic, int64_t n, int64_t count,
-                const std::function<double()>& loss, float h = 1e-2f) {
-  const int64_t step = std::max<int64_t>(1, n / count);
-  for (int64_t i = 0; i < n; i += step) {
-    const double fd = central(values + i, h, loss);
-    EXPECT_NEAR(analytic[i], fd, kAbsTol + kRelTol * std::abs(fd)) << what << "[" << i << "]";
-  }
-}
-
-std::vector<float> copy_of(const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.item(i);
-  return v;
-}
+using testing::check_grad;
+using testing::copy_of;
+using testing::dot;
+const testing::TensorRng random_tensor{4242};
 
 // Parameters of a module laid out in FP32 master weights, each set to U(lo, hi) (LayerNorm gains 1 + U(-0.2, 0.2)).
 std::unique_ptr<MasterWeights> fp32_masters(Module& m, float lo = -0.5f, float hi = 0.5f) {
   std::vector<Parameter*> params;
   m.collect_parameters(params);
   auto mw = bind_parameters(params, DType::kFloat32, Device::kCPU, 0);
-  for (Parameter* p : params) {
-    float* w = p->master.data_as<float>();
-    for (int64_t i = 0; i < p->numel(); ++i)
-      w[i] = p->init == ParamInit::kOnes ? 1.0f + uniform(100 + p->index, i, -0.2f, 0.2f)
-                                         : uniform(100 + p->index, i, lo, hi);
-  }
+  random_tensor.fill(params, lo, hi);
   return mw;
 }
 

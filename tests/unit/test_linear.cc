@@ -10,18 +10,14 @@
 #include "runtime/amp/master_weights.h"
 #include "runtime/core/rng.h"
 #include "runtime/nn/module.h"
+#include "tests/test_tensors.h"
 
 namespace ampdist {
 namespace {
 
 constexpr double kU = 1.0 / 16777216.0;  // 2^-24
 
-Tensor random_tensor(const Shape& shape, uint32_t stream) {
-  Tensor t = Tensor::empty(shape, DType::kFloat32);
-  const RngStream rng{77, {stream, 0, 0}, RngPurpose::kSynthetic};
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = 2.0f * rng.uniform(i) - 1.0f;
-  return t;
-}
+const testing::TensorRng random_tensor{77};
 
 // FP32 sums of n products (exact inputs) against double: |error| <= (n + 2) 2^-24 sum |terms| (Higham's gamma_n for
 // recursive summation; +2 for the product rounding and the bias or beta add).

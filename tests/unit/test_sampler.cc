@@ -16,16 +16,8 @@ namespace {
 
 SamplerOptions options(int64_t n, int64_t g, int world, int rank, int accum, bool drop_last, bool shuffle = true,
                        uint64_t seed = 1234) {
-  SamplerOptions o;
-  o.dataset_size = n;
-  o.global_batch_size = g;
-  o.world_size = world;
-  o.rank = rank;
-  o.accumulation_steps = accum;
-  o.drop_last = drop_last;
-  o.shuffle = shuffle;
-  o.seed = seed;
-  return o;
+  return {.dataset_size = n, .global_batch_size = g, .world_size = world, .rank = rank, .accumulation_steps = accum,
+          .drop_last = drop_last, .shuffle = shuffle, .seed = seed};
 }
 
 std::vector<int64_t> indices(const DistributedSampler& s, int64_t epoch, int64_t step, int micro) {
