@@ -17,16 +17,22 @@ namespace ampdist {
 using namespace ckpt;
 namespace fs = std::filesystem;
 
-std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
+namespace {
+// The step directory the `latest` file of dir names (dir/step_N), when there is one and it names a step.
+std::optional<fs::path> named_latest(const std::string& dir) {
   std::error_code ec;
   const fs::path latest = fs::path(dir) / "latest";
-  if (fs::exists(latest, ec)) {
-    std::ifstream in(latest);
-    std::string name;
-    std::getline(in, name);
-    const fs::path p = fs::path(dir) / name;
-    if (step_of(name) >= 0 && verify_checkpoint(p.string()).empty()) return p.string();
-  }
+  if (!fs::exists(latest, ec)) return std::nullopt;
+  std::ifstream in(latest);
+  std::string name;
+  std::getline(in, name);
+  if (step_of(name) < 0) return std::nullopt;
+  return fs::path(dir) / name;
+}
+}  // namespace
+
+std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
+  if (const auto p = named_latest(dir); p && verify_checkpoint(p->string()).empty()) return p->string();
   auto all = complete_checkpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it)
     if (verify_checkpoint(it->second).empty()) return it->second;
@@ -56,13 +62,7 @@ std::string whole_checkpoint_problem(const std::string& path) {
 ResumeScan scan_for_resume(const std::string& dir) {
   std::vector<std::string> order;
   std::error_code ec;
-  const fs::path latest = fs::path(dir) / "latest";
-  if (fs::exists(latest, ec)) {
-    std::ifstream in(latest);
-    std::string name;
-    std::getline(in, name);
-    if (step_of(name) >= 0 && fs::is_directory(fs::path(dir) / name, ec)) order.push_back((fs::path(dir) / name).string());
-  }
+  if (const auto p = named_latest(dir); p && fs::is_directory(*p, ec)) order.push_back(p->string());
   // Every step_* directory, a manifest or not: one without is damaged too (a save publishes the manifest before the
   // directory gets its step_* name).
   std::vector<std::pair<int64_t, std::string>> all;
