@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checkpoint and resume with whole runs of the ampdist program:
-#  1. C10, crash during save: 2 ranks, checkpoints every 10 steps; rank 1 dies halfway through writing its step-20
+#  1. Crash during save: 2 ranks, checkpoints every 10 steps; rank 1 dies halfway through writing its step-20
 #     shard. The job stops (no rank left running), step 20 is never chosen, step 10 verifies intact, and
 #     --resume auto from step 10 ends at step 20 with the master weights of the uninterrupted run, bitwise.
 #  2. SIGUSR1 (SLURM's warning before a time limit) to ONE rank: every rank saves at the same step boundary and
@@ -15,36 +15,36 @@ run() {  # run NP OUT ARGS...
   timeout 300 mpirun -q --oversubscribe -np "$np" "$AMPDIST" train "$@" > "$out" 2>&1
 }
 
-# ---- 1. C10 ------------------------------------------------------------------------------------------------------
+# ---- 1. crash during save --------------------------------------------------------------------------------------
 cfg="$SRC/configs/fashion_mnist_mlp.pbtxt"
 common=(--config "$cfg" --precision fp16 --set train.steps=20 --set checkpoint.every_steps=10 --set log.every_steps=10)
-run 2 "$TMP/u.txt" "${common[@]}" --run-dir "$TMP/u" || not_ok "C10 uninterrupted run" "exit $?: $(tail -2 "$TMP/u.txt")"
+run 2 "$TMP/u.txt" "${common[@]}" --run-dir "$TMP/u" || not_ok "crash: uninterrupted run" "exit $?: $(tail -2 "$TMP/u.txt")"
 h_straight=$(hash_of "$TMP/u.txt")
 
 run 2 "$TMP/k.txt" "${common[@]}" --run-dir "$TMP/k" --set fault.crash_during_save.step=20 \
   --set fault.crash_during_save.rank=1
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ]; then ok "C10 a rank killed during the step-20 save stops the job (exit $rc)"; else
-  not_ok "C10 crash" "exit code $rc (124 = hang)"; fi
+if [ $rc -ne 0 ] && [ $rc -ne 124 ]; then ok "crash: a rank killed during the step-20 save stops the job (exit $rc)"; else
+  not_ok "crash: crash" "exit code $rc (124 = hang)"; fi
 sleep 1
-if pgrep -f "$TMP/k" > /dev/null; then not_ok "C10 crash" "ampdist processes left running"; else
-  ok "C10 no rank left running"; fi
+if pgrep -f "$TMP/k" > /dev/null; then not_ok "crash: crash" "ampdist processes left running"; else
+  ok "crash: no rank left running"; fi
 ck="$TMP/k/checkpoints"
-[ ! -e "$ck/step_00000020" ] && [ -d "$ck/.tmp_step_00000020" ] && ok "C10 step 20 never published" ||
-  not_ok "C10 publish" "$(ls -a "$ck")"
-[ "$(cat "$ck/latest" 2>/dev/null)" = "step_00000010" ] && ok "C10 latest still names step 10" ||
-  not_ok "C10 latest" "latest is '$(cat "$ck/latest" 2>/dev/null)'"
-"$AMPDIST" ckpt verify "$ck/step_00000010" > "$TMP/verify.txt" 2>&1 && ok "C10 step 10 verifies intact" ||
-  not_ok "C10 verify step 10" "$(cat "$TMP/verify.txt")"
+[ ! -e "$ck/step_00000020" ] && [ -d "$ck/.tmp_step_00000020" ] && ok "crash: step 20 never published" ||
+  not_ok "crash: publish" "$(ls -a "$ck")"
+[ "$(cat "$ck/latest" 2>/dev/null)" = "step_00000010" ] && ok "crash: latest still names step 10" ||
+  not_ok "crash: latest" "latest is '$(cat "$ck/latest" 2>/dev/null)'"
+"$AMPDIST" ckpt verify "$ck/step_00000010" > "$TMP/verify.txt" 2>&1 && ok "crash: step 10 verifies intact" ||
+  not_ok "crash: verify step 10" "$(cat "$TMP/verify.txt")"
 
 run 2 "$TMP/r.txt" "${common[@]}" --run-dir "$TMP/k" --resume auto ||
-  not_ok "C10 resume" "exit $?: $(tail -2 "$TMP/r.txt")"
-grep -q "^resumed from $ck/step_00000010 (step 10" "$TMP/r.txt" && ok "C10 --resume auto chose step 10" ||
-  not_ok "C10 resume choice" "$(grep resumed "$TMP/r.txt")"
+  not_ok "crash: resume" "exit $?: $(tail -2 "$TMP/r.txt")"
+grep -q "^resumed from $ck/step_00000010 (step 10" "$TMP/r.txt" && ok "crash: --resume auto chose step 10" ||
+  not_ok "crash: resume choice" "$(grep resumed "$TMP/r.txt")"
 h_resumed=$(hash_of "$TMP/r.txt")
 [ -n "$h_straight" ] && [ "$h_straight" = "$h_resumed" ] &&
-  ok "C10 steps 11-20 after resume match the uninterrupted run bitwise ($h_resumed)" ||
-  not_ok "C10 bitwise" "uninterrupted $h_straight, resumed $h_resumed"
+  ok "crash: steps 11-20 after resume match the uninterrupted run bitwise ($h_resumed)" ||
+  not_ok "crash: bitwise" "uninterrupted $h_straight, resumed $h_resumed"
 
 # ---- 2. SIGUSR1 to one rank --------------------------------------------------------------------------------------
 cat > "$TMP/slow.pbtxt" <<'PB'

@@ -492,7 +492,7 @@ using testing::batch;
 using testing::linear_trainer;
 RunConfig cfg_of(const std::string& text) { return testing::config(text); }
 
-TEST(GpuScenarios, C4NormIsFiveAndTheClippedStepIsPointSixPointEight) {
+TEST(GpuScenarios, ClipAfterOneUnscaleNormIsFiveAndTheClippedStepIsPointSixPointEight) {
   REQUIRE_GPU_PER_RANK();
   NcclCommunicator& comm = nccl();
   auto t = linear_trainer(cfg_of(R"(
@@ -511,7 +511,7 @@ TEST(GpuScenarios, C4NormIsFiveAndTheClippedStepIsPointSixPointEight) {
   EXPECT_NEAR(w1[1] - w0[1], -0.8f, 1e-6);
 }
 
-TEST(GpuScenarios, C2C6SkippedStepsChangeNothingAndWarmupCountsAppliedUpdates) {
+TEST(GpuScenarios, SkippedStepsChangeNothingAndWarmupCountsAppliedUpdates) {
   REQUIRE_GPU_PER_RANK();
   NcclCommunicator& comm = nccl();
   RunConfig cfg = cfg_of(R"(
@@ -547,7 +547,7 @@ TEST(GpuScenarios, C2C6SkippedStepsChangeNothingAndWarmupCountsAppliedUpdates) {
   for (uint64_t x : h) EXPECT_EQ(x, h[0]);
 }
 
-TEST(GpuScenarios, C7ASkippedStepLeavesAdamWAlone) {
+TEST(GpuScenarios, ASkippedStepLeavesAdamWAlone) {
   REQUIRE_GPU_PER_RANK();
   NcclCommunicator& comm = nccl();
   RunConfig cfg = cfg_of(R"(

@@ -1,7 +1,7 @@
-// Checkpoint scenarios: C5 (scaler state survives resume), C9 (master weights are saved, not rebuilt), exact resume,
-// save -> load -> save byte-identity, and loading on another world size (sub-communicators of this MPI world stand
-// in for a job started again on fewer or more ranks). A resumed trainer is a new Trainer object that gets every bit
-// of its state from the checkpoint, as new processes would.
+// Checkpoint scenarios: the scaler state survives a resume, the master weights are saved (not rebuilt from the
+// working copy), exact resume, save -> load -> save byte-identity, and loading on another world size
+// (sub-communicators of this MPI world stand in for a job started again on fewer or more ranks). A resumed trainer is
+// a new Trainer object that gets every bit of its state from the checkpoint, as new processes would.
 #include <cstdio>
 #include <fstream>
 
@@ -44,7 +44,7 @@ struct ScalerTrace {
   }
 };
 
-// ---- C5 ----------------------------------------------------------------------------------------------------------
+// ---- the scaler state survives a resume: growth at step 2000 and backoff counts go on where they stopped ----------
 
 void scaler_survives_resume(int64_t overflow_step, int64_t total, int64_t save_step) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
@@ -86,16 +86,16 @@ void scaler_survives_resume(int64_t overflow_step, int64_t total, int64_t save_s
   EXPECT_TRUE(same_on_all_ranks(comm, t->masters().hash()));
 }
 
-TEST(C5, CleanRunGrowsAtStep2000AfterResumeAt1500) {
+TEST(ScalerAcrossResume, CleanRunGrowsAtStep2000AfterResumeAt1500) {
   scaler_survives_resume(/*overflow_step=*/0, /*total=*/2000, /*save_step=*/1500);
 }
 
-TEST(C5, OverflowAt1400ThenResumeAt1500DoublesOnlyAfter3400) {
+TEST(ScalerAcrossResume, OverflowAt1400ThenResumeAt1500DoublesOnlyAfter3400) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   scaler_survives_resume(/*overflow_step=*/1400, /*total=*/3401, /*save_step=*/1500);
 }
 
-TEST(C5, ExpectedValuesOfTheTrajectory) {
+TEST(ScalerAcrossResume, ExpectedValuesOfTheTrajectory) {
   // The values the scenario states, on the straight run the test above compares against.
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   SharedTempDir tmp(comm);
@@ -122,7 +122,7 @@ TEST(C5, ExpectedValuesOfTheTrajectory) {
   EXPECT_EQ(r->scaler().scale(), 65536.0f) << "2000 clean steps after the overflow at 1400 end at 3400";
 }
 
-TEST(C5, CleanRunValuesAt1999And2000) {
+TEST(ScalerAcrossResume, CleanRunValuesAt1999And2000) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   SharedTempDir tmp(comm);
   RunConfig cfg = config(job("precision { dtype: FP16 } train { steps: 2000 }"));
@@ -136,9 +136,9 @@ TEST(C5, CleanRunValuesAt1999And2000) {
   EXPECT_EQ(r->scaler().scale(), 131072.0f);
 }
 
-// ---- C9 ----------------------------------------------------------------------------------------------------------
+// ---- the master weights are saved, not rebuilt from the working copy --------------------------------------------
 
-TEST(C9, MasterWeightIsSavedNotRebuiltFromTheWorkingCopy) {
+TEST(MasterSavedNotRebuilt, MasterWeightIsSavedNotRebuiltFromTheWorkingCopy) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   SharedTempDir tmp(comm);
   const RunConfig cfg = config(job("precision { dtype: FP16 } train { steps: 20 }"));
@@ -169,7 +169,7 @@ TEST(C9, MasterWeightIsSavedNotRebuiltFromTheWorkingCopy) {
   EXPECT_EQ(bytes(r->masters().master()), bytes(straight->masters().master()));
 }
 
-TEST(C9, SavedBeforeAnyStepKeepsTheExactMasterValue) {
+TEST(MasterSavedNotRebuilt, SavedBeforeAnyStepKeepsTheExactMasterValue) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   SharedTempDir tmp(comm);
   const RunConfig cfg = config(job("precision { dtype: FP16 } train { steps: 10 }"));

@@ -1,6 +1,6 @@
-// BatchNorm in data-parallel mixed-precision training (case C13): running statistics are buffers that a skipped step
-// leaves bitwise unchanged, that stay identical on every rank (broadcast from rank 0, or equal by construction with
-// synchronised statistics), and synchronised batch statistics are those of the global batch.
+// BatchNorm in data-parallel mixed-precision training: running statistics are buffers that a skipped step (an fp16
+// overflow) leaves bitwise unchanged, that stay identical on every rank (broadcast from rank 0, or equal by
+// construction with synchronised statistics), and synchronised batch statistics are those of the global batch.
 #include <cmath>
 
 #include "test_util.h"
@@ -42,7 +42,7 @@ MicroBatch samples(const Dataset& d, int64_t first, int64_t n, float factor) {
 
 void run_c13(bool sync) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
-  if (comm.world_size() != 2) GTEST_SKIP() << "case C13 runs on 2 ranks";
+  if (comm.world_size() != 2) GTEST_SKIP() << "this scenario runs on 2 ranks";
   const RunConfig cfg = config(cnn_job(sync));
   auto t = make_trainer(cfg, comm);
   ASSERT_NE(t->buffers(), nullptr);
@@ -105,8 +105,8 @@ void run_c13(bool sync) {
   }
 }
 
-TEST(C13, SkippedStepLeavesBatchNormBuffersUnchangedPerRankStatistics) { run_c13(false); }
-TEST(C13, SkippedStepLeavesBatchNormBuffersUnchangedSyncBatchNorm) { run_c13(true); }
+TEST(BatchNormOnSkippedStep, SkippedStepLeavesBatchNormBuffersUnchangedPerRankStatistics) { run_c13(false); }
+TEST(BatchNormOnSkippedStep, SkippedStepLeavesBatchNormBuffersUnchangedSyncBatchNorm) { run_c13(true); }
 
 }  // namespace
 }  // namespace ampdist

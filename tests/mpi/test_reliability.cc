@@ -1,5 +1,5 @@
-// Non-finite policies (C3 with both): SKIP skips on every rank; DROP_RANK leaves out the poisoned rank's gradient
-// and applies the mean over the other ranks' samples, identically everywhere.
+// Non-finite policies when one rank's data is bad (a NaN input on one rank): SKIP skips on every rank; DROP_RANK
+// leaves out the poisoned rank's gradient and applies the mean over the other ranks' samples, identically everywhere.
 #include <cmath>
 #include <limits>
 
@@ -20,7 +20,7 @@ std::vector<MicroBatch> poisoned_batch(int rank, int poisoned) {
   return {batch(rows, 1)};
 }
 
-TEST(C3Policies, DropRankAppliesTheMeanOfTheFiniteRanks) {
+TEST(NonFinitePolicies, DropRankAppliesTheMeanOfTheFiniteRanks) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   const int world = comm.world_size(), poisoned = std::min(2, world - 1);
   const int64_t global = static_cast<int64_t>(world) * (world + 1) / 2;
@@ -47,7 +47,7 @@ TEST(C3Policies, DropRankAppliesTheMeanOfTheFiniteRanks) {
   EXPECT_EQ(t->scaler().state().skipped_steps, 0);
 }
 
-TEST(C3Policies, SkipSkipsEverywhere) {
+TEST(NonFinitePolicies, SkipSkipsEverywhere) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   const int world = comm.world_size(), poisoned = std::min(2, world - 1);
   auto t = linear_trainer(config(R"(optimizer { sgd {} lr: 1.0 } precision { dtype: FP32 on_nonfinite: SKIP })"),
@@ -60,7 +60,7 @@ TEST(C3Policies, SkipSkipsEverywhere) {
   EXPECT_EQ(t->scaler().state().skipped_steps, 1);
 }
 
-TEST(C3Policies, DropRankWithCleanDataMatchesSkipPolicyBitwise) {
+TEST(NonFinitePolicies, DropRankWithCleanDataMatchesSkipPolicyBitwise) {
   // Without a poisoned rank the two policies compute the same update (the drop check only reads the gradient).
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   auto run = [&](const char* policy) {

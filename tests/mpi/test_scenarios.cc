@@ -1,6 +1,6 @@
-// The acceptance scenarios of shared/cases/README.md that the step, the reducer and the consensus own. Each test
-// runs on every world size CTest launches (1, 2, 4 ranks); a scenario written for a given world size uses the
-// highest rank that exists where it names one.
+// Scenarios that real runs hit, owned by the step, the reducer and the consensus: each test states its scenario and
+// asserts the value the scenario expects. Each runs on every world size CTest launches (1, 2, 4 ranks); a scenario
+// about a particular rank uses the highest rank that exists where it names one.
 #include <cmath>
 #include <limits>
 
@@ -25,9 +25,9 @@ std::string small_job(const std::string& extra) {
   )" + extra;
 }
 
-// ---- C1: one scale everywhere -------------------------------------------------------------------------------
+// ---- one loss scale everywhere: 2000 clean steps grow it on every rank together -------------------------------------
 
-TEST(C1, TwoThousandCleanStepsGrowTheScaleOnEveryRank) {
+TEST(OneLossScale, TwoThousandCleanStepsGrowTheScaleOnEveryRank) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   auto t = make_trainer(config(small_job(R"(
       optimizer { sgd { momentum: 0.9 } lr: 0.01 }
@@ -52,7 +52,7 @@ TEST(C1, TwoThousandCleanStepsGrowTheScaleOnEveryRank) {
 
 // The variant: a dataset whose batches do not split evenly. Every rank takes every step, including the short tail
 // step, whose loss is divided by its own global sample count; no rank waits for a step another rank skipped.
-TEST(C1, UnevenEpochTailIsTakenByAllRanksOrByNone) {
+TEST(OneLossScale, UnevenEpochTailIsTakenByAllRanksOrByNone) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   for (const bool drop_last : {true, false}) {
     const std::string extra = std::string(R"(
@@ -73,7 +73,7 @@ TEST(C1, UnevenEpochTailIsTakenByAllRanksOrByNone) {
   }
 }
 
-// ---- C2: skip together ------------------------------------------------------------------------------------------
+// ---- skip together: an overflow on one rank skips the step and halves the scale on every rank -----------------------
 
 struct Snapshot {
   std::vector<uint8_t> master, m, v;
@@ -148,22 +148,22 @@ void skip_together(ReduceMode mode, int victim, NonFiniteValue value) {
   EXPECT_TRUE(same_on_all_ranks(comm, static_cast<uint64_t>(t->scaler().state().skipped_steps)));
 }
 
-class C2 : public ::testing::TestWithParam<std::tuple<ReduceMode, bool, NonFiniteValue>> {};
+class SkipTogether : public ::testing::TestWithParam<std::tuple<ReduceMode, bool, NonFiniteValue>> {};
 
-TEST_P(C2, EveryRankSkipsAndBacksOff) {
+TEST_P(SkipTogether, EveryRankSkipsAndBacksOff) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const auto [mode, last_rank, value] = GetParam();
   skip_together(mode, last_rank ? world - 1 : 0, value);
 }
 
-INSTANTIATE_TEST_SUITE_P(Scenarios, C2,
+INSTANTIATE_TEST_SUITE_P(Scenarios, SkipTogether,
                          ::testing::Combine(::testing::Values(ALLREDUCE, REDUCE_SCATTER), ::testing::Bool(),
                                             ::testing::Values(POS_INF, QNAN)));
 
-// ---- C3: bad data on one rank -----------------------------------------------------------------------------------
+// ---- bad data on one rank: a NaN input on one rank skips the step everywhere, nothing non-finite is kept ------------
 
-TEST(C3, NanInputOnOneRankSkipsEverywhere) {
+TEST(BadDataOnOneRank, NanInputOnOneRankSkipsEverywhere) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   RunConfig cfg = config(small_job(R"(
       optimizer { adamw {} lr: 0.001 }
@@ -190,12 +190,12 @@ TEST(C3, NanInputOnOneRankSkipsEverywhere) {
   EXPECT_TRUE(same_on_all_ranks(comm, t->masters().hash()));
 }
 
-// ---- C4: clip after one unscale --------------------------------------------------------------------------------
+// ---- clip after one unscale: the global norm is taken of the unscaled gradient, once per step -----------------------
 
 // Every rank holds 4 samples x = [3, 4] of loss w . x, so the mean gradient over the global batch is [3, 4].
 std::vector<MicroBatch> c4_batch() { return {batch({{3, 4}, {3, 4}, {3, 4}, {3, 4}}, 2)}; }
 
-TEST(C4, NormIsFiveAndClippedStepIsPointSixPointEight) {
+TEST(ClipAfterOneUnscale, NormIsFiveAndClippedStepIsPointSixPointEight) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   for (const std::string mode : {"ALLREDUCE", "REDUCE_SCATTER"}) {
   SCOPED_TRACE(mode);
@@ -217,7 +217,7 @@ TEST(C4, NormIsFiveAndClippedStepIsPointSixPointEight) {
   }
 }
 
-TEST(C4, NormUnchangedWhenTheScaleGrowsAndUnscaledOncePerStep) {
+TEST(ClipAfterOneUnscale, NormUnchangedWhenTheScaleGrowsAndUnscaledOncePerStep) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   auto t = linear_trainer(config(R"(
       optimizer { sgd {} lr: 0.001 clip_grad_norm: 1.0 }
@@ -239,9 +239,9 @@ TEST(C4, NormUnchangedWhenTheScaleGrowsAndUnscaledOncePerStep) {
             3 * (static_cast<int64_t>(t->reducer().buckets().size()) + 1));
 }
 
-// ---- C6: a skipped step advances nothing -------------------------------------------------------------------------
+// ---- a skipped step advances nothing: not the LR schedule, not the step count; bf16 never scales --------------------
 
-TEST(C6, WarmupCountsAppliedUpdatesOnly) {
+TEST(SkippedStepAdvancesNothing, WarmupCountsAppliedUpdatesOnly) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   RunConfig cfg = config(R"(
       optimizer { sgd {} lr: 1.0 schedule { kind: CONSTANT warmup_steps: 100 } }
@@ -270,7 +270,7 @@ TEST(C6, WarmupCountsAppliedUpdatesOnly) {
   EXPECT_TRUE(same_on_all_ranks(comm, flags));
 }
 
-TEST(C6, Bf16NeverScalesButStillSkips) {
+TEST(SkippedStepAdvancesNothing, Bf16NeverScalesButStillSkips) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   RunConfig cfg = config(small_job(R"(
       optimizer { sgd {} lr: 0.01 }
@@ -294,9 +294,9 @@ TEST(C6, Bf16NeverScalesButStillSkips) {
   EXPECT_TRUE(same_on_all_ranks(comm, static_cast<uint64_t>(t->scaler().state().skipped_steps)));
 }
 
-// ---- C7: a skipped step leaves AdamW alone ------------------------------------------------------------------------
+// ---- a skipped step leaves AdamW alone: moments and bias correction count applied steps only ------------------------
 
-TEST(C7, OverflowFirstThenTwoCleanAdamWSteps) {
+TEST(SkippedStepLeavesAdamW, OverflowFirstThenTwoCleanAdamWSteps) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   RunConfig cfg = config(R"(
       optimizer { adamw { beta1: 0.9 beta2: 0.999 eps: 1e-8 } lr: 0.001 weight_decay: 0.1 }
@@ -339,9 +339,9 @@ TEST(C7, OverflowFirstThenTwoCleanAdamWSteps) {
   EXPECT_NEAR(p[0], ref, 4e-7);
 }
 
-// ---- C8: loss reductions in FP32 --------------------------------------------------------------------------------
+// ---- loss reductions in FP32: a large-vocabulary fp16 loss neither overflows nor skips ------------------------------
 
-TEST(C8, LargeVocabularyLossUnderFp16NeitherOverflowsNorSkips) {
+TEST(Fp32LossReduction, LargeVocabularyLossUnderFp16NeitherOverflowsNorSkips) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   const int64_t vocab = 14749, targets = 20500, features = 4;
   const Autocast ac(DType::kFloat16);
@@ -365,9 +365,9 @@ TEST(C8, LargeVocabularyLossUnderFp16NeitherOverflowsNorSkips) {
   EXPECT_GT(loss[0] * targets, 65504.0) << "the summed loss is beyond the fp16 range";
 }
 
-// ---- C11: accumulation normalisation -----------------------------------------------------------------------------
+// ---- accumulation normalisation: the gradient is the mean over the global batch in every layout ---------------------
 
-TEST(C11, GradientIsTheMeanOverTheGlobalBatchInEveryLayout) {
+TEST(MeanOverGlobalBatch, GradientIsTheMeanOverTheGlobalBatchInEveryLayout) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   const int world = comm.world_size(), rank = comm.rank();
   const MicroBatch a = batch({{4.0f}}, 1), b = batch({{0.0f}, {0.0f}, {0.0f}}, 1), empty = batch({}, 1);

@@ -38,7 +38,7 @@ std::vector<float> gather_slices(Communicator& comm, const Tensor& slice, int64_
   return all;
 }
 
-TEST(C12, ShardedStateSkipsAndUpdatesAsReplicatedState) {
+TEST(ZeroOneAsReplicated, ShardedStateSkipsAndUpdatesAsReplicatedState) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   if (comm.world_size() < 2) GTEST_SKIP() << "sharding needs at least 2 ranks";
   // A +inf in rank 1's own gradient at step 12, fp16 with dynamic scaling, AdamW.

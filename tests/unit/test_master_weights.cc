@@ -62,7 +62,7 @@ TEST(MasterWeights, WorkingCopyIsTheRoundedMaster) {
       } else {
         EXPECT_EQ(got, expect) << dtype_name(dt) << " " << i;
       }
-      EXPECT_EQ(m[i], vals[i]);  // the master is untouched (scenario C9: 1.0003 stays 1.0003)
+      EXPECT_EQ(m[i], vals[i]);  // the master is untouched (the master is saved, not rebuilt: 1.0003 stays 1.0003)
     }
     if (dt == DType::kFloat16) {
       EXPECT_EQ(mw.working().item(0), 1.0f);  // fp16 copy of 1.0003 is 1.0

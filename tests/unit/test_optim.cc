@@ -147,7 +147,7 @@ TEST(AdamW, FirstStepClosedForm) {
 }
 
 TEST(AdamW, C7TwoStepsMatchReference) {
-  // Scenario C7: p0 = 1, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.1, gradient 0.1 twice.
+  // A skipped step leaves AdamW alone: p0 = 1, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.1, gradient 0.1 twice.
   AdamWConfig cfg;
   cfg.set_beta1(0.9f);
   cfg.set_beta2(0.999f);
@@ -248,7 +248,7 @@ TEST(LrSchedule, CosineAfterWarmup) {
 // ---- clipping -----------------------------------------------------------------------------------------------------
 
 TEST(ClipGradNorm, ScalesByMaxNormOverNorm) {
-  // Scenario C4's numbers: gradient [3, 4], norm 5, max_norm 1.
+  // Clip after one unscale: gradient [3, 4], norm 5, max_norm 1.
   Tensor g = vec({3.0f, 4.0f});
   const float f = clip_grad_norm(g, 5.0, 1.0f);
   EXPECT_EQ(f, static_cast<float>(1.0 / (5.0 + 1e-6)));

@@ -174,7 +174,7 @@ TEST(DistributedSampler, ShuffleIsUniformOverPermutations) {
 }
 
 TEST(DistributedSampler, EveryRankGetsTheSameNumberOfSteps) {
-  // C1's variant: N = 10, W = 4, G = 8 (M = 2). Naive sharding (rank r takes r, r+W, ...; then batches of M)
+  // An uneven epoch tail: N = 10, W = 4, G = 8 (M = 2). Naive sharding (rank r takes r, r+W, ...; then batches of M)
   // gives rank 0 three samples (two batches) and rank 3 two samples (one batch): rank 0 would wait in an
   // all-reduce nobody joins. Here every rank has two steps; the tail step's 2 samples go to rank 0.
   const int64_t n = 10, g = 8;

@@ -131,7 +131,7 @@ TEST(LossScaler, BackoffBelowMinScaleThrows) {
 }
 
 TEST(LossScaler, NoneStaysOneAndStillCountsSkips) {
-  // Scenario C6, bf16 part: no scaling even after 2500 clean steps; an overflow is still skipped and counted.
+  // bf16 never scales and a skipped step still counts: no scaling even after 2500 clean steps; an overflow is still skipped and counted.
   LossScaler s = LossScaler::none();
   EXPECT_EQ(s.mode(), LossScaler::Mode::kNone);
   EXPECT_EQ(s.scale(), 1.0f);
