@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds (incrementally) and runs every test: unit tests, the multi-rank tests under mpirun -np 1, 2 and 4, and the
-# end-to-end runs of the ampdist program. Extra arguments go to ctest (e.g. -L mpi, -R C2).
+# end-to-end runs of the ampdist program. Extra arguments go to ctest (e.g. -L mpi, -R e2e_test_resume).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash launch/setup/build.sh > build.log 2>&1 || { tail -50 build.log; echo "build failed (full log: build.log)"; exit 1; }

@@ -7,7 +7,7 @@
 // A accumulation steps. So the same samples make up each optimizer step for every world size and accumulation:
 // only who computes which part changes.
 //
-// Every rank gets the same number of steps per epoch (C1's variant): with drop_last the N % G tail is dropped;
+// Every rank gets the same number of steps per epoch, also when the epoch does not split evenly: with drop_last the N % G tail is dropped;
 // without it the tail is one last, smaller step whose positions are laid out by the same rule (later micro-batches
 // and higher ranks may be short or empty), and every rank knows that step's global sample count.
 #pragma once

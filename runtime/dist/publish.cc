@@ -9,7 +9,7 @@ namespace ampdist {
 void reduce_slice_sums(Communicator& comm, StepStateBuffer& state, Tensor& rank_sums) {
   const int world = comm.world_size();
   double* sums = static_cast<double*>(rank_sums.data());
-  device::copy(sums + comm.rank(), rank_sums.device(), &state.get()->sum_sq, rank_sums.device(), sizeof(double));
+  device::copy(sums + comm.rank(), rank_sums.device(), &state.get()->sum_sq, state.device(), sizeof(double));
   const std::vector<int64_t> counts(static_cast<size_t>(world), 4);
   comm.allgather_inplace_async(sums, counts, DType::kFloat16, "sum of squares all-gather")->wait();
   state.sum_rank_sums(sums, world);

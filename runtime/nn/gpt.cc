@@ -364,7 +364,10 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
   if (given && (dy.ndim() != 2 || dy.dim(0) != N || dy.dim(1) != V))
     throw Error("gpt: backward got dlogits " + shape_str(dy.shape()) + " for logits [" + std::to_string(N) + ", " +
                 std::to_string(V) + "]");
-  if (!given && !head_gradient_)
+  // The binding is consumed by this backward whatever happens in it (it refers to the loss that bound it).
+  const HeadGradient head_gradient = std::move(head_gradient_);
+  head_gradient_ = nullptr;
+  if (!given && !head_gradient)
     throw Error("gpt: backward without dlogits needs a head gradient (LanguageModelLoss::backward binds one)");
   // Per chunk: dW [V, C] += dlogits^T [V, rows] @ h [rows, C] in FP32 (written by the first chunk of the first
   // micro-batch), dh [rows, C] = dlogits @ W. For the tied head the embedding's backward adds its scatter after
@@ -385,13 +388,12 @@ const Tensor& GptModel::backward(const Tensor& dy, GradContext& ctx) {
       }
     } else {
       dl = head_logits(r0, r1);
-      head_gradient_(c, dl);
+      head_gradient(c, dl);
     }
     kernels::gemm(dl, true, h_cast_.rows(r0, r1), false, dW, 1.0f, ctx.accumulate || r0 > 0 ? 1.0f : 0.0f);
     Tensor dh = dh_.rows(r0, r1);
     kernels::gemm(dl, false, W, false, dh);
   }
-  head_gradient_ = nullptr;
   if (lm_head_ && ctx.on_grad_ready) ctx.on_grad_ready(w);
   dresid_.ensure(resid_.back().shape(), DType::kFloat32, resid_.back().device());
   ln_f_->backward_into(dh_, ctx, dresid_, false);
@@ -451,9 +453,9 @@ double LanguageModelLoss::forward(const Tensor& output, std::span<const int32_t>
       kernels::softmax_cross_entropy_forward_to(logits, t, ch.targets_dev, ch.lse, ch.row_loss, device_loss_sum_,
                                                 seq_len);
     else
-      sum += kernels::softmax_cross_entropy_forward(logits, t, ch.lse);
+      sum += kernels::softmax_cross_entropy_forward(logits, t, ch.lse) / seq_len;  // as the step state adds it
   }
-  return sum / seq_len;
+  return sum;
 }
 
 const Tensor& LanguageModelLoss::backward(float grad_scale) {
@@ -463,7 +465,10 @@ const Tensor& LanguageModelLoss::backward(float grad_scale) {
     const int64_t r0 = c * model_.head_chunk_rows();
     const std::span<const int32_t> t =
         model_.targets().subspan(static_cast<size_t>(r0), static_cast<size_t>(logits.dim(0)));
-    const Chunk& ch = chunks_.at(static_cast<size_t>(c));
+    if (c < 0 || c >= std::ssize(chunks_))
+      throw Error("language-model loss: chunk " + std::to_string(c) + " of a backward whose forward had " +
+                  std::to_string(chunks_.size()) + " chunks");
+    const Chunk& ch = chunks_[static_cast<size_t>(c)];
     const float seq_len = static_cast<float>(model_.seq_len());
     // In place: an element-wise kernel, and nothing reads a chunk's logits after its gradient.
     if (scale)

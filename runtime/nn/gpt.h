@@ -81,17 +81,15 @@ class GptModel : public Module {
   int64_t seq_len() const { return cfg_.seq_len(); }
   // Per-window key masks for attention ([B*T], 1 = may be attended), for tests of masked rows; empty = causal only.
   void set_key_mask(const std::vector<uint8_t>& mask);
-  // Memory estimate: logits [B * T, V] for an input [B, T + 3] (ln_f's output [B * T, C] under recompute: BLOCK). Activation bytes at the peak of a step, as run()
-  // and backward() keep them, per token: per layer the FP32 residual streams (8 C bytes); per layer (one layer under
-  // recompute: BLOCK) the forward's LayerNorm statistics, 14 C of the working dtype's size (LayerNorm outputs, qkv,
-  // the attention output, the MLP's 4 C hidden and activated; under POINTWISE one set of LayerNorm outputs and one
-  // activated for all layers) and the
-  // attention kernel's state (FLASH: 2 floats per
-  // head; MATERIALIZED: T per head, and its per-thread [H, T, T] scratch); one block's two branch outputs; when
-  // training one block's
-  // backward buffers (14 C: dqkv, the Linears' and GELU's input gradients, plus 2 C of
-  // FP32-to-working casts under autocast); the head's logits (V, the head's dtype; their gradient overwrites them;
-  // under BLOCK one chunk's) and the FP32 residual gradient.
+  // Memory estimate. output_shape: logits [B * T, V] for an input [B, T + 3] (ln_f's output [B * T, C] under
+  // recompute: BLOCK). activation_bytes: the bytes at the peak of a step, as run() and backward() keep them, per
+  // token: per layer the FP32 residual streams (8 C bytes); per layer (one layer under recompute: BLOCK) the forward's
+  // LayerNorm statistics, 14 C of the working dtype's size (LayerNorm outputs, qkv, the attention output, the MLP's
+  // 4 C hidden and activated; under POINTWISE one set of LayerNorm outputs and one activated for all layers) and the
+  // attention kernel's state (FLASH: 2 floats per head; MATERIALIZED: T per head, and its per-thread [H, T, T]
+  // scratch); one block's two branch outputs; when training one block's backward buffers (14 C: dqkv, the Linears'
+  // and GELU's input gradients, plus 2 C of FP32-to-working casts under autocast); the head's logits (V, the head's
+  // dtype; their gradient overwrites them; under BLOCK one chunk's, not per token) and the FP32 residual gradient.
   Shape output_shape(const Shape& in) const override;
   int64_t activation_bytes(const Shape& in, DType working, bool training) const override;
 
@@ -99,7 +97,8 @@ class GptModel : public Module {
   struct Block;
   // keep_logits false (recompute: BLOCK's training and evaluation forward): returns the head's input.
   const Tensor& run(const Tensor& token_ids, int64_t t, bool keep_logits);
-  const Tensor& head(const Tensor& ln_f_out, bool keep_logits);  // logits [N, V] of ln_f's output
+  // Logits [N, V] of ln_f's output, or (keep_logits false) that output in the head's dtype, for head_logits.
+  const Tensor& head(const Tensor& ln_f_out, bool keep_logits);
   Parameter& head_weight();  // [table_rows or V, C]: wte (tied) or lm_head.weight; the head reads rows 0 .. V
   void recompute_block(size_t l);              // model.gpt.recompute: BLOCK, before block l's backward
   // The one moving set of block buffers (backward_only: the backward's) from block moving_set_at_ to block `to`.

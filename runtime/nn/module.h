@@ -251,7 +251,8 @@ class Activation : public Module {
 
 // A loss over a batch. forward returns the SUM of per-sample losses (FP32 arithmetic); the trainer divides by the
 // global sample count of the optimizer step. backward(grad_scale) returns d(grad_scale * sum)/d(input) in the
-// input's dtype.
+// input's dtype, or an empty tensor when the model forms that gradient itself from what the criterion binds to it
+// (LanguageModelLoss: the GPT's head takes each chunk's dlogits from it; see runtime/nn/gpt.h).
 class Criterion {
  public:
   virtual ~Criterion() = default;

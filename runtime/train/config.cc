@@ -319,6 +319,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
     positive("model.gpt.init_scale", g.init_scale());
     if (g.padded_vocab_multiple() < 1 || g.padded_vocab_multiple() > 4096)
       fail("model.gpt.padded_vocab_multiple", "must be in [1, 4096]", str(g.padded_vocab_multiple()));
+    non_negative("model.gpt.head_chunk_rows", g.head_chunk_rows());
     if (!d.has_tokens() && !d.has_text()) fail("data", "a gpt model needs tokens { ... } or text { ... }", "unset");
   } else if (d.has_tokens() || d.has_text()) {
     fail("data", "tokens { ... } and text { ... } are read by model { gpt { ... } } only", "an mlp model");

@@ -167,8 +167,6 @@ class Trainer {
   ConsensusFields consensus_fields();
   // The agreed skip flag of the step just decided, on the host (a 4-byte read: the modes that need it every step).
   bool agreed_found_inf();
-  // Sharded: the global sum of squares from every rank's slice sum (all-gathered, summed in rank order: every rank
-  // gets the same bits), and the all-gather of the updated working copy.
   // An applied step: the staged buffers become the committed ones, then rank 0's are broadcast.
   void commit_buffers();
   // Calls fn(values, count) for the whole master buffer in order, in chunks (collective when sharded).

@@ -25,9 +25,9 @@ run 2 "$TMP/k.txt" "${common[@]}" --run-dir "$TMP/k" --set fault.crash_during_sa
   --set fault.crash_during_save.rank=1
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ]; then ok "crash: a rank killed during the step-20 save stops the job (exit $rc)"; else
-  not_ok "crash: crash" "exit code $rc (124 = hang)"; fi
+  not_ok "crash during save" "exit code $rc (124 = hang)"; fi
 sleep 1
-if pgrep -f "$TMP/k" > /dev/null; then not_ok "crash: crash" "ampdist processes left running"; else
+if pgrep -f "$TMP/k" > /dev/null; then not_ok "crash during save" "ampdist processes left running"; else
   ok "crash: no rank left running"; fi
 ck="$TMP/k/checkpoints"
 [ ! -e "$ck/step_00000020" ] && [ -d "$ck/.tmp_step_00000020" ] && ok "crash: step 20 never published" ||

@@ -12,7 +12,7 @@ using testing::config;
 
 std::string cnn_job(bool sync) {
   return std::string(R"(
-    name: "c13"
+    name: "batchnorm_skip"
     model { cnn { conv { channels: 4 kernel: 3 bias: false batch_norm: true max_pool: 2 } hidden: [8] }
             sync_batchnorm: )") + (sync ? "true" : "false") + R"( }
     data { synthetic { train_samples: 256 test_samples: 32 image_shape: [1, 8, 8] classes: 3 } global_batch_size: 16 }
@@ -40,7 +40,7 @@ MicroBatch samples(const Dataset& d, int64_t first, int64_t n, float factor) {
   return b;
 }
 
-void run_c13(bool sync) {
+void run_batchnorm_skip(bool sync) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   if (comm.world_size() != 2) GTEST_SKIP() << "this scenario runs on 2 ranks";
   const RunConfig cfg = config(cnn_job(sync));
@@ -105,8 +105,8 @@ void run_c13(bool sync) {
   }
 }
 
-TEST(BatchNormOnSkippedStep, SkippedStepLeavesBatchNormBuffersUnchangedPerRankStatistics) { run_c13(false); }
-TEST(BatchNormOnSkippedStep, SkippedStepLeavesBatchNormBuffersUnchangedSyncBatchNorm) { run_c13(true); }
+TEST(BatchNormOnSkippedStep, SkippedStepLeavesBatchNormBuffersUnchangedPerRankStatistics) { run_batchnorm_skip(false); }
+TEST(BatchNormOnSkippedStep, SkippedStepLeavesBatchNormBuffersUnchangedSyncBatchNorm) { run_batchnorm_skip(true); }
 
 }  // namespace
 }  // namespace ampdist

@@ -296,6 +296,61 @@ TEST(GptModel, GradientsMatchFiniteDifferencesByHeadChunks) {
     }
 }
 
+// The head by chunks of 5 of the 18 rows, tied and untied: (a) a whole dlogits tensor handed to backward gives bitwise
+// the gradients of the chunk gradients the loss binds (the same dlogits kernel per chunk, the same GEMMs); (b) a
+// second micro-batch of the same windows with ctx.accumulate adds to the head's weight gradient chunk after chunk:
+// twice the one-micro-batch gradient up to the FP32 roundings of the additions. Chunk contributions of opposite signs
+// cancel, so the bound is on the scale of the gradient, not of each element: each of the <= 8 additions into an
+// element rounds by <= 2^-24 of a partial sum, and the partial sums here stay within a few times max |2g|, so
+// 1e-5 max |2g| is over 10x the rounding; a dropped or overwritten chunk is off by O(max |g|). Every parameter is
+// reported ready once per backward.
+TEST(GptModel, HeadChunksTakeAGivenDlogitsAndAccumulateOverMicroBatches) {
+  for (bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    GptConfig cfg = small_config(tied, 0.0f);
+    cfg.set_recompute(NONE);
+    cfg.set_head_chunk_rows(5);
+    const Autocast ac(DType::kFloat32);
+    const Tensor x = windows(cfg, 3);
+    GptModel bound(cfg, ac, 5), given(cfg, ac, 5);
+    auto mw_bound = fp32_masters(bound), mw_given = fp32_masters(given);
+    bound.set_mode(true, 3);
+    given.set_mode(true, 3);
+    LanguageModelLoss crit_bound(bound);
+    GradContext ctx = fresh_ctx();
+    ctx.need_input_grad = false;
+    int ready = 0;
+    ctx.on_grad_ready = [&](Parameter&) { ++ready; };
+    crit_bound.forward(bound.forward(x), {});
+    bound.backward(crit_bound.backward(1.0f), ctx);
+    // The same dlogits formed whole from the kept logits, outside the loss.
+    const Tensor& logits = given.forward(x);
+    Tensor lse, dlogits = Tensor::empty(logits.shape(), DType::kFloat32);
+    kernels::softmax_cross_entropy_forward(logits, given.targets(), lse);
+    kernels::softmax_cross_entropy_backward(logits, given.targets(), lse, 1.0f / static_cast<float>(cfg.seq_len()),
+                                            dlogits);
+    given.backward(dlogits, ctx);
+    const std::vector<float> g_bound = copy_of(mw_bound->grads()), g_given = copy_of(mw_given->grads());
+    ASSERT_EQ(g_bound.size(), g_given.size());
+    for (size_t i = 0; i < g_bound.size(); ++i)
+      ASSERT_EQ(std::memcmp(&g_bound[i], &g_given[i], sizeof(float)), 0) << "gradient element " << i;
+    std::vector<Parameter*> params;
+    bound.collect_parameters(params);
+    EXPECT_EQ(ready, 2 * static_cast<int>(params.size()));
+    // A second micro-batch of the same windows, accumulated.
+    ctx.accumulate = true;
+    crit_bound.forward(bound.forward(x), {});
+    bound.backward(crit_bound.backward(1.0f), ctx);
+    const std::vector<float> g2 = copy_of(mw_bound->grads());
+    float scale = 0.0f;
+    for (float g : g_bound) scale = std::max(scale, std::fabs(2.0f * g));
+    ASSERT_GT(scale, 0.0f);
+    for (size_t i = 0; i < g2.size(); ++i)
+      ASSERT_NEAR(g2[i], 2.0f * g_bound[i], 1e-5 * scale) << "gradient element " << i;
+    EXPECT_THROW(bound.backward(Tensor(), ctx), Error) << "the binding is consumed by one backward";
+  }
+}
+
 // recompute: POINTWISE reruns each block's GELU and BLOCK each block's forward before its backward: the same kernels on
 // the same inputs, so the loss and every gradient element are bitwise those of NONE, in every precision and with
 // dropout (whose masks are keyed by step, site and window, not drawn in order), for both attention kernels. The head

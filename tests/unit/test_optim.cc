@@ -146,7 +146,7 @@ TEST(AdamW, FirstStepClosedForm) {
   EXPECT_EQ(opt.step_count(), 1);
 }
 
-TEST(AdamW, C7TwoStepsMatchReference) {
+TEST(AdamW, TwoStepsMatchReference) {
   // A skipped step leaves AdamW alone: p0 = 1, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.1, gradient 0.1 twice.
   AdamWConfig cfg;
   cfg.set_beta1(0.9f);
