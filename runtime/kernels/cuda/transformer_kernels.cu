@@ -233,6 +233,15 @@ __global__ void k_flash_fwd(const Q* qkv, int64_t T, int64_t H, const uint8_t* m
   // running maximum moves once per key block, to the block's maximum, so p = exp(s - m) is rounded to the p @ v
   // dtype exactly as on the CPU and in the KV-cache decode. Two passes over each block's tiles: its maximum, then
   // the sums (the scores computed twice).
+  // Key j of the key block ending at jend may be attended by query i (causal, and the key mask); the scaled score of
+  // query i with row jj of the key tile. The same in the maximum pass and the accumulation pass.
+  auto allowed = [&](int64_t j, int64_t jend) { return j < jend && j <= i && !(mk && !mk[j]); };
+  auto score = [&](int jj) {
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < HS; ++e) s += q[e] * ks[jj][e];
+    return s * scale;
+  };
   for (int64_t jb = 0; jb < keys; jb += kFlashKeyBlock) {
     const int64_t jend = min(keys, jb + kFlashKeyBlock);
     float bmax = -INFINITY;
@@ -241,14 +250,8 @@ __global__ void k_flash_fwd(const Q* qkv, int64_t T, int64_t H, const uint8_t* m
       load_kv_tile<HS>(base, j0, T, C, h, ks, vs);
       __syncthreads();
       if (!row) continue;
-      for (int jj = 0; jj < kFlashTile; ++jj) {
-        const int64_t j = j0 + jj;
-        if (j >= jend || j > i || (mk && !mk[j])) continue;
-        float s = 0.0f;
-#pragma unroll
-        for (int e = 0; e < HS; ++e) s += q[e] * ks[jj][e];
-        bmax = fmaxf(bmax, s * scale);
-      }
+      for (int jj = 0; jj < kFlashTile; ++jj)
+        if (allowed(j0 + jj, jend)) bmax = fmaxf(bmax, score(jj));
     }
     const float m_new = fmaxf(m, bmax);
     const bool any = m_new != -INFINITY;  // no allowed key so far: nothing to add (no barrier is skipped)
@@ -265,12 +268,8 @@ __global__ void k_flash_fwd(const Q* qkv, int64_t T, int64_t H, const uint8_t* m
       __syncthreads();
       if (!row || !any) continue;
       for (int jj = 0; jj < kFlashTile; ++jj) {
-        const int64_t j = j0 + jj;
-        if (j >= jend || j > i || (mk && !mk[j])) continue;
-        float s = 0.0f;
-#pragma unroll
-        for (int e = 0; e < HS; ++e) s += q[e] * ks[jj][e];
-        const float p = math::softmax_exp(s * scale, m);
+        if (!allowed(j0 + jj, jend)) continue;
+        const float p = math::softmax_exp(score(jj), m);
         l += p;
         const float pr = round_to(p, pv_dtype);
 #pragma unroll
