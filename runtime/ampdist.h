@@ -5,7 +5,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/communicator.h"
-#include "comm/consensus.h"
+#include "runtime/dist/consensus.h"
 #include "comm/mpi_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "runtime/dist/reducer.h"

@@ -23,7 +23,7 @@
 #include "ampdist/checkpoint.pb.h"
 #include "ampdist/config.pb.h"
 #include "comm/communicator.h"
-#include "comm/consensus.h"
+#include "runtime/dist/consensus.h"
 #include "runtime/dist/reducer.h"
 #include "runtime/amp/autocast.h"
 #include "runtime/amp/loss_scaler.h"

@@ -32,7 +32,7 @@
 #include "runtime/ampdist.h"
 #include "runtime/amp/step_state_buffer.h"
 #include "runtime/checkpoint/async_checkpoint.h"
-#include "comm/cuda/consensus_kernels.h"
+#include "runtime/dist/cuda/consensus_kernels.h"
 #include "tests/gpu/bounds.h"
 #include "tests/gpu/gelu_bound.h"
 #include "tests/gpu/gpu_test_util.h"

@@ -2,7 +2,7 @@
 // call them): the GPU step agrees without a host round-trip.
 #pragma once
 
-#include "comm/consensus_payload.h"
+#include "runtime/dist/consensus_payload.h"
 
 namespace ampdist::cuda {
 

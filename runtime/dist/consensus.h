@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "comm/communicator.h"
-#include "comm/consensus_payload.h"
+#include "runtime/dist/consensus_payload.h"
 
 namespace ampdist {
 

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm/cuda/consensus_kernels.h"
+#include "runtime/dist/cuda/consensus_kernels.h"
 
 namespace ampdist::cuda {
 namespace {

@@ -1,9 +1,9 @@
-#include "comm/consensus.h"
+#include "runtime/dist/consensus.h"
 
 #include <cstring>
 #include <sstream>
 
-#include "comm/cuda/consensus_kernels.h"
+#include "runtime/dist/cuda/consensus_kernels.h"
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
 

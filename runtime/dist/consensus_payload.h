@@ -1,4 +1,4 @@
-// The consensus payload's layout and the fields it is filled from and decoded into (see comm/consensus.h), one
+// The consensus payload's layout and the fields it is filled from and decoded into (see runtime/dist/consensus.h), one
 // definition for the CPU and for the GPU's one-thread kernels. No CUDA, Eigen or MPI header: device code includes it.
 #pragma once
 
