@@ -176,7 +176,7 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
     t_unscale.push_back(seconds_since(t0));
 
     StepState probe;  // host memory: this benchmark runs the CPU backend
-    probe.scaler = trainer->scaler().scalars();
+    probe.scaler = trainer->scaler().state();
     probe.found_inf = found_inf ? 1.0f : 0.0f;
     const ConsensusFields fields{&probe.found_inf,        &probe.scaler.scale, &probe.scaler.growth_tracker,
                                  &probe.agreed_found_inf, &probe.agreed_stop,  &probe.disagree};

@@ -58,19 +58,6 @@ ScalerRule LossScaler::rule() const {
   return r;
 }
 
-ScalerScalars LossScaler::scalars() const {
-  return ScalerScalars{state_.scale, state_.hysteresis_tracker, state_.growth_tracker, state_.skipped_steps,
-                       state_.consecutive_skips};
-}
-
-void LossScaler::set_scalars(const ScalerScalars& s) {
-  state_.scale = s.scale;
-  state_.hysteresis_tracker = s.hysteresis_tracker;
-  state_.growth_tracker = s.growth_tracker;
-  state_.skipped_steps = s.skipped_steps;
-  state_.consecutive_skips = s.consecutive_skips;
-}
-
 void LossScaler::throw_status(int32_t status) const {
   std::ostringstream o;
   if (status == kScalerTooManySkips) {
@@ -88,9 +75,7 @@ void LossScaler::throw_status(int32_t status) const {
 
 void LossScaler::update(bool found_inf) {
   ++updates_;
-  ScalerScalars s = scalars();
-  const int32_t status = scaler_update(s, rule(), found_inf);
-  set_scalars(s);
+  const int32_t status = scaler_update(state_, rule(), found_inf);
   if (status != kScalerOk) throw_status(status);
 }
 

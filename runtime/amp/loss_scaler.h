@@ -21,15 +21,6 @@
 
 namespace ampdist {
 
-struct LossScalerState {
-  float scale = 1.0f;
-  int64_t growth_tracker = 0;      // consecutive clean steps since the last growth or overflow
-  int32_t hysteresis_tracker = 1;  // overflows left before the next backoff
-  int64_t skipped_steps = 0;       // overflowing steps so far
-  int64_t consecutive_skips = 0;   // overflowing steps since the last clean one
-  bool operator==(const LossScalerState&) const = default;
-};
-
 class LossScaler {
  public:
   enum class Mode { kDynamic, kStatic, kNone };
@@ -56,10 +47,8 @@ class LossScaler {
   // skipped steps in a row reach the max_consecutive_skips limit; the message says which and what to try.
   void update(bool found_inf);
 
-  // The rule and state as the plain structs of amp/scaler_rule.h (the same update runs on the device).
+  // The rule as the plain struct of amp/scaler_rule.h (the same update runs on the device).
   ScalerRule rule() const;
-  ScalerScalars scalars() const;
-  void set_scalars(const ScalerScalars& s);
   // Throws the Error update() throws for a ScalerStatus other than kScalerOk (state as left by the update).
   [[noreturn]] void throw_status(int32_t status) const;
 

@@ -8,14 +8,17 @@
 
 namespace ampdist {
 
-// Loss-scaler state (LossScalerState's fields) and rule parameters.
-struct ScalerScalars {
+// The loss scaler's state: one struct for the host's LossScaler, the step state (StepState::scaler, on the step's
+// device) and the manifest's fields.
+struct LossScalerState {
   float scale = 1.0f;
-  int32_t hysteresis_tracker = 1;
-  int64_t growth_tracker = 0;
-  int64_t skipped_steps = 0;
-  int64_t consecutive_skips = 0;
+  int32_t hysteresis_tracker = 1;  // overflows left before the next backoff
+  int64_t growth_tracker = 0;      // consecutive clean steps since the last growth or overflow
+  int64_t skipped_steps = 0;       // overflowing steps so far
+  int64_t consecutive_skips = 0;   // overflowing steps since the last clean one
+  bool operator==(const LossScalerState&) const = default;
 };
+// The rule's parameters.
 struct ScalerRule {
   bool dynamic = false;
   float growth_factor = 2.0f, backoff_factor = 0.5f, min_scale = 1.0f;
@@ -35,7 +38,7 @@ AMPDIST_HOST_DEVICE bool is_valid_loss_scale(float s) {
 // One update of the loss scaler with the agreed found_inf (GradScaler's rule, with Megatron-LM's hysteresis and
 // minimum; see runtime/amp/loss_scaler.h). Returns kScalerOk, or why the run must stop: then the state holds the
 // counters of this step and the scale it had (nothing below min_scale is ever stored).
-AMPDIST_HOST_DEVICE int32_t scaler_update(ScalerScalars& s, const ScalerRule& r, bool found_inf) {
+AMPDIST_HOST_DEVICE int32_t scaler_update(LossScalerState& s, const ScalerRule& r, bool found_inf) {
   if (found_inf) {
     ++s.skipped_steps;
     if (++s.consecutive_skips >= r.max_consecutive_skips && r.max_consecutive_skips > 0) return kScalerTooManySkips;

@@ -25,7 +25,7 @@ constexpr int32_t kStateDisagree = 3;
 
 struct StepState {
   // ---- across steps
-  ScalerScalars scaler;
+  LossScalerState scaler;
   int64_t optimizer_steps = 0;  // applied updates (AdamW's t before this step; the schedule position)
   int64_t scaler_updates = 0;   // loss-scaler updates so far: one per optimizer step
   int32_t status = 0;           // ScalerStatus or kStateDisagree; sticky: once set, every later step is a no-op

@@ -20,8 +20,8 @@ namespace ampdist {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // params, grads: [n] FP32 (the flat buffers). gate: the step's StepGate on their device. The host's step_count()
-  // is not changed: the step's state counts applied updates, and the trainer sets the count when it reads it.
+  // params, grads: [n] FP32 (the flat buffers). gate: the step's StepGate on their device. step_count() is not
+  // changed: the step state counts the applied updates of a training step (Trainer::optimizer_steps).
   // working: null, or the [n] fp16/bf16 working copy of params, written in the same pass with each updated value
   // rounded (kernels.h, sgd_step), so that it is current after the step without a separate cast.
   virtual void step(Tensor& params, const Tensor& grads, const StepGate* gate, Tensor* working = nullptr) = 0;
@@ -29,10 +29,8 @@ class Optimizer {
   // gated update above with a gate built here; counts the update.
   void step(Tensor& params, const Tensor& grads, float lr);
   virtual std::string kind() const = 0;  // "sgd", "adamw"
-  // Updates applied so far (AdamW's t).
+  // Host-driven updates applied so far (the step(params, grads, lr) overload: AdamW's t there).
   int64_t step_count() const { return step_count_; }
-  // Restores the count from a checkpoint (the moments come back through state()).
-  void set_step_count(int64_t n) { step_count_ = n; }
   // The per-element state buffers (momentum; m and v), [n] FP32 each, in a fixed order with their names.
   virtual std::vector<std::pair<std::string, Tensor*>> state() = 0;
   // Parameter groups (optimizer.no_decay): element ranges [begin, end) of the buffers step() updates (this rank's

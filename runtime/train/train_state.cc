@@ -13,14 +13,12 @@
 namespace ampdist {
 
 void Trainer::read_state(StepResult& r) {
-  const StepState h = state_->read();  // on the GPU: waits for every queued step
+  snapshot_ = state_->read();  // on the GPU: waits for every queued step
   state_->clear_since_read();
-  scaler_.set_scalars(h.scaler);
-  scaler_.set_updates(h.scaler_updates);
-  optimizer_->set_step_count(h.optimizer_steps);
+  const StepState& h = snapshot_;
   if (h.status == kStateDisagree)
     consensus_.report_disagreement(h.scaler.scale, h.scaler.growth_tracker, iteration_);  // every rank: it is agreed
-  if (h.status != 0) scaler_.throw_status(h.status);
+  if (h.status != 0) scaler().throw_status(h.status);
   r.read = true;
   r.loss = h.loss_sum + host_loss_since_read_;
   host_loss_since_read_ = 0.0;
@@ -92,21 +90,29 @@ StepResult Trainer::read_now() {
   return r;
 }
 
+LossScaler Trainer::scaler() const {
+  LossScaler s = scaler_policy_;
+  s.set_state(snapshot_.scaler);
+  s.set_updates(snapshot_.scaler_updates);
+  return s;
+}
+
 void Trainer::write_state() {
   StepState s = state_->read();
-  s.scaler = scaler_.scalars();
-  s.scaler_updates = scaler_.updates();
-  s.optimizer_steps = optimizer_->step_count();
+  s.scaler = snapshot_.scaler;
+  s.scaler_updates = snapshot_.scaler_updates;
+  s.optimizer_steps = snapshot_.optimizer_steps;
   s.status = 0;
   s.stop = 0;
   s.loss_sum = 0.0;
   s.dropped_rank_steps = 0;
   s.dropped_samples = 0;
   state_->write(s);
+  snapshot_ = s;
 }
 
 CheckpointState Trainer::checkpoint_state(bool device_buffers) {
-  read_now();  // the host's scaler and step count as of the last step
+  read_now();  // the snapshot: the scaler state and step count as of the last step
   CheckpointState s;
   Manifest& m = s.meta;
   m.set_run_id(run_id_);
@@ -118,14 +124,14 @@ CheckpointState Trainer::checkpoint_state(bool device_buffers) {
   m.set_precision(dtype_to_name(working_dtype()));
   *m.mutable_config() = cfg_;
   m.mutable_config()->clear_fault();
-  const LossScalerState& st = scaler_.state();
+  const LossScalerState& st = snapshot_.scaler;
   m.mutable_scaler()->set_scale(st.scale);
   m.mutable_scaler()->set_growth_tracker(st.growth_tracker);
   m.mutable_scaler()->set_hysteresis_tracker(st.hysteresis_tracker);
   m.mutable_scaler()->set_skipped_steps(st.skipped_steps);
   m.mutable_scaler()->set_consecutive_skips(st.consecutive_skips);
   m.set_optimizer(optimizer_->kind());
-  m.set_optimizer_step_count(optimizer_->step_count());
+  m.set_optimizer_step_count(snapshot_.optimizer_steps);
   for (const FlatEntry& e : masters_->layout().entries()) {
     TensorIndexEntry* t = m.add_tensors();
     t->set_name(e.name);
@@ -199,19 +205,19 @@ std::string Trainer::restore(const Manifest& m) {
   if (saved_dtype != dtype_to_name(working_dtype())) {
     note = std::string("precision changed on resume: the checkpoint was trained in ") +
            dtype_name(resolve_dtype(saved_dtype, Device::kCPU)) + " with " + saved.describe() + ", this run is " +
-           dtype_name(working_dtype()) + ": the loss scaler starts afresh with " + scaler_.describe();
-  } else if (saved.mode() != scaler_.mode()) {
+           dtype_name(working_dtype()) + ": the loss scaler starts afresh with " + scaler_policy_.describe();
+  } else if (saved.mode() != scaler_policy_.mode()) {
     note = std::string("loss scaling changed on resume: the checkpoint was trained (") +
-           dtype_name(working_dtype()) + ") with " + saved.describe() + ", this run uses " + scaler_.describe() +
+           dtype_name(working_dtype()) + ") with " + saved.describe() + ", this run uses " + scaler_policy_.describe() +
            ", which starts afresh";
   }
   if (!note.empty()) {
     const int64_t skipped = st.skipped_steps;
-    st = scaler_.state();
+    st = scaler_policy_.state();
     st.skipped_steps = skipped;
   }
-  scaler_.set_state(st);
-  optimizer_->set_step_count(m.optimizer_step_count());
+  snapshot_.scaler = st;
+  snapshot_.optimizer_steps = m.optimizer_step_count();
   if (!m.run_id().empty()) run_id_ = m.run_id();
   if (device_ == Device::kCUDA) {
     // load_checkpoint filled the host copies handed out by checkpoint_state(): move them to the GPU.

@@ -49,7 +49,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
                                   cfg_.model().has_gpt() ? &cfg_.model().gpt() : nullptr);
     masters_->fill([&](size_t i, int64_t first, int64_t count, float* out) { source.read(i, first, count, out); });
   }
-  scaler_ = LossScaler::from_config(cfg_.precision(), dtype_to_name(working));
+  scaler_policy_ = LossScaler::from_config(cfg_.precision(), dtype_to_name(working));
   const int64_t cap_bytes = static_cast<int64_t>(cfg_.comm().bucket_cap_mb() * 1024.0 * 1024.0);
   reducer_ = std::make_unique<Reducer>(comm_, masters_->grads(), masters_->layout(), std::max<int64_t>(cap_bytes, 1),
                                        resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),  // AUTO: FP32
@@ -79,8 +79,9 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   }
   due_ = std::make_unique<DueSteps>(cfg_, total_steps_, steps_per_epoch());
 
-  step_cfg_ = make_step_config(cfg_, total_steps_, scaler_.rule());
+  step_cfg_ = make_step_config(cfg_, total_steps_, scaler_policy_.rule());
   state_ = std::make_unique<StepStateBuffer>(device_);
+  snapshot_.scaler = scaler_policy_.state();
   write_state();
   setup_observers();
 }

@@ -145,8 +145,12 @@ class Trainer {
 
   Module& model() { return *model_; }
   MasterWeights& masters() { return *masters_; }
-  // The host's view of the loss scaler and the optimizer's step count: up to date after every read.
-  LossScaler& scaler() { return scaler_; }
+  // The loss scaler as of the last read of the step state: this run's policy (mode, rule) with the state the step
+  // left. A value: the one copy of the scaler state is the step state's, and the host's is the snapshot of a read.
+  LossScaler scaler() const;
+  // Applied optimizer updates (AdamW's t) as of the last read, from the same snapshot. The optimizer's own
+  // step_count() counts only its host-driven steps.
+  int64_t optimizer_steps() const { return snapshot_.optimizer_steps; }
   Optimizer& optimizer() { return *optimizer_; }
   Reducer& reducer() { return *reducer_; }
   Consensus& consensus() { return consensus_; }
@@ -172,8 +176,8 @@ class Trainer {
   // Calls fn(values, count) for the whole master buffer in order, in chunks (collective when sharded).
   template <typename F> void for_each_master_chunk(F&& fn);
   // ---- train_state.cc
-  void read_state(StepResult& r);  // the step state -> host: scaler, step count, result fields; throws on a status
-  void write_state();              // host scaler and step count -> the step state
+  void read_state(StepResult& r);  // the step state -> snapshot_ and the result fields; throws on a status
+  void write_state();              // snapshot_'s scaler state and step counts -> the step state (set-up, restore)
   // ---- observers.cc
   void setup_observers();
   void on_layer_output(size_t index, Module& layer, Tensor& y);
@@ -190,11 +194,12 @@ class Trainer {
   std::vector<Buffer*> buffer_list_;
   std::unique_ptr<ModelBuffers> buffers_;
   std::unique_ptr<MasterWeights> masters_;
-  LossScaler scaler_;
+  LossScaler scaler_policy_;  // mode and rule; its state is the run's initial one, never updated
   std::unique_ptr<Reducer> reducer_;
   Consensus consensus_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<StepStateBuffer> state_;
+  StepState snapshot_;  // the host's copy of *state_ as of the last read or write
   StepConfig step_cfg_;
   std::unique_ptr<Loader> loader_;
   std::optional<DistributedSampler> sampler_;

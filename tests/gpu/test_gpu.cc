@@ -541,7 +541,7 @@ TEST(GpuScenarios, SkippedStepsChangeNothingAndWarmupCountsAppliedUpdates) {
       EXPECT_EQ(bytes(t->masters().master()), before);  // master unchanged over both skipped steps
     }
   }
-  EXPECT_EQ(t->optimizer().step_count(), 3);
+  EXPECT_EQ(t->optimizer_steps(), 3);
   EXPECT_EQ(t->scaler().state().skipped_steps, 2);
   const std::vector<uint64_t> h = comm.allgather_u64(t->masters().hash(), "hash");
   for (uint64_t x : h) EXPECT_EQ(x, h[0]);
@@ -573,7 +573,7 @@ TEST(GpuScenarios, ASkippedStepLeavesAdamWAlone) {
   Tensor m = Tensor::zeros({1}, DType::kFloat32), v = Tensor::zeros({1}, DType::kFloat32);
   for (int64_t s = 1; s <= 2; ++s) kernels::adamw_step(p, g, m, v, {1e-3f, 0.9, 0.999, 1e-8, 0.1f, s});
   EXPECT_EQ(floats(t->masters().master())[0], p.item(0));
-  EXPECT_EQ(t->optimizer().step_count(), 2);
+  EXPECT_EQ(t->optimizer_steps(), 2);
 }
 
 // ---- a short training run on the GPU against the CPU backend -------------------------------------------------------

@@ -37,7 +37,7 @@ struct ScalerTrace {
   std::vector<float> scale;
   std::vector<int64_t> growth, skipped;
   void add(const Trainer& t) {
-    const LossScalerState& s = const_cast<Trainer&>(t).scaler().state();
+    const LossScalerState s = t.scaler().state();
     scale.push_back(s.scale);
     growth.push_back(s.growth_tracker);
     skipped.push_back(s.skipped_steps);
@@ -76,7 +76,7 @@ void scaler_survives_resume(int64_t overflow_step, int64_t total, int64_t save_s
   bool same = true;
   for (int64_t step = save_step + 1; step <= total; ++step) {
     t->step();
-    const LossScalerState& s = t->scaler().state();
+    const LossScalerState s = t->scaler().state();
     const size_t i = static_cast<size_t>(step - 1);
     same &= s.scale == straight.scale[i] && s.growth_tracker == straight.growth[i] &&
             s.skipped_steps == straight.skipped[i];
@@ -316,7 +316,7 @@ struct SavedState {
 SavedState saved_state(Trainer& t) {
   auto& adam = dynamic_cast<AdamW&>(t.optimizer());
   return {bytes(t.masters().master()), bytes(adam.exp_avg()), bytes(adam.exp_avg_sq()), t.scaler().state(),
-          t.iteration(), adam.step_count()};
+          t.iteration(), t.optimizer_steps()};
 }
 
 // Saves on a world of `save_ranks` (the first ranks of MPI_COMM_WORLD) and loads on a world of `load_ranks`.

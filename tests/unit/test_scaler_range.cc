@@ -38,7 +38,7 @@ TEST(LossScaleRange, GrowthNeverLeavesTheFiniteNormalRange) {
       rule.dynamic = true;
       rule.growth_factor = g;
       rule.growth_interval = 1;  // every clean step grows
-      ScalerScalars s;
+      LossScalerState s;
       s.scale = init;
       for (int step = 0; step < 400; ++step) {  // 400 growths pass 2^-126 .. 2^127 even for the smallest factor
         const float before = s.scale;
@@ -66,7 +66,7 @@ TEST(LossScaleRange, BackoffStopsAtMinScaleAndNeverStoresASubnormal) {
         rule.dynamic = true;
         rule.backoff_factor = b;
         rule.min_scale = min_scale;
-        ScalerScalars s;
+        LossScalerState s;
         s.scale = init;
         int32_t status = kScalerOk;
         int steps = 0;
