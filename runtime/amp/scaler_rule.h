@@ -1,5 +1,5 @@
 // The loss-scale rule as plain host/device code: LossScaler (the host's view), the CPU step and the GPU's
-// one-thread step kernel all run this one function (finish_step in amp/step_state.h).
+// one-thread step kernel all run this one function (finish_step in optim/step_gate.h).
 #pragma once
 
 #include <cstdint>

@@ -2,8 +2,8 @@
 // decide it.
 //
 // The training step (train/step.cc) never asks the host what happened: the unscale pass writes found_inf and the
-// sum of squares here, the consensus writes the agreed flags here, finish_step turns them into the optimizer's gate
-// and the scaler update here, and the optimizer kernels read the gate from here. On the CPU backend this struct is
+// sum of squares here, the consensus writes the agreed flags here, finish_step (optim/step_gate.h) turns them into
+// the optimizer's gate and the scaler update here, and the optimizer kernels read the gate from here. On the CPU backend this struct is
 // host memory and the functions below are direct calls; on the GPU it is device memory and each function runs as a
 // one-thread kernel (StepStateBuffer), so the CPU tests run the control flow the GPU runs. The host copies the
 // struct back only when the loop needs values (log, checkpoint, evaluation, the last step).
@@ -16,7 +16,7 @@
 
 #include "runtime/amp/scaler_rule.h"
 #include "runtime/core/host_device.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/kernels/update_gate.h"
 
 namespace ampdist {
 
@@ -49,18 +49,6 @@ struct StepState {
   double loss_sum = 0.0;      // sum over steps since the last read of step_loss / the step's global samples
   int64_t dropped_rank_steps = 0;  // DROP_RANK: ranks dropped, summed over the steps since the last read
   int64_t dropped_samples = 0;     // and their samples
-};
-
-// A step's constants: schedule, clipping, AdamW's betas, the scaler rule.
-struct StepConfig {
-  float base_lr = 0.0f;
-  int64_t warmup = 0, total_steps = 0;
-  bool cosine = false;
-  float min_lr = 0.0f;
-  float clip_max_norm = 0.0f;
-  bool adamw = false;
-  double beta1 = 0.9, beta2 = 0.999;
-  ScalerRule scaler;
 };
 
 // Before the first micro-batch: clears this step's per-rank values; the unscale factor is 1/S.
@@ -96,42 +84,6 @@ AMPDIST_HOST_DEVICE void sum_rank_sums(StepState& st, const double* per_rank, in
   double s = 0.0;
   for (int r = 0; r < world; ++r) s += per_rank[r];
   st.sum_sq = s;
-}
-
-// After the consensus: the agreed skip flag, clip factor, learning rate, bias corrections and the scaler update,
-// identical on every rank because every input is agreed (the flags) or identical (the state, sum_sq: the whole
-// reduced gradient, or the sum of the agreed per-slice sums). loss_divisor: the step's global sample count.
-AMPDIST_HOST_DEVICE void finish_step(StepState& st, const StepConfig& c, double loss_divisor) {
-  st.loss_sum += st.step_loss / loss_divisor;
-  StepGate g;
-  if (st.status != 0) {  // the run stops at the next read: nothing more may change
-    st.gate = g;
-    return;
-  }
-  const bool found_inf = st.agreed_found_inf != 0;
-  if (st.disagree) st.status = kStateDisagree;
-  if (st.agreed_stop) st.stop = 1;
-  st.last_skipped = found_inf ? 1 : 0;
-  st.last_scale = st.scaler.scale;
-  if (!found_inf && st.status == 0) {
-    st.grad_norm = sqrt(st.sum_sq);
-    g.apply = 1;
-    g.first_step = st.optimizer_steps == 0 ? 1 : 0;
-    g.clip_coef = clip_coef(st.grad_norm, c.clip_max_norm);
-    g.lr = lr_at(st.optimizer_steps, c.base_lr, c.warmup, c.cosine, c.total_steps, c.min_lr);
-    if (c.adamw) adamw_bias_corrections(c.beta1, c.beta2, st.optimizer_steps + 1, g.bias_correction1,
-                                        g.bias_correction2_sqrt);
-    ++st.optimizer_steps;
-    st.last_lr = g.lr;
-  } else {
-    st.grad_norm = NAN;
-    st.last_lr = 0.0f;
-  }
-  st.gate = g;
-  if (st.status != 0) return;
-  ++st.scaler_updates;
-  const int32_t code = scaler_update(st.scaler, c.scaler, found_inf);
-  if (code != kScalerOk) st.status = code;
 }
 
 }  // namespace ampdist

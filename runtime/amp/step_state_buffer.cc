@@ -14,9 +14,6 @@ void launch_drop_apply(StepState*, int64_t, void*) { throw Error("drop_apply: th
 void launch_sum_rank_sums(StepState*, const double*, int, void*) {
   throw Error("sum_rank_sums: this build has no CUDA backend");
 }
-void launch_finish_step(StepState*, const StepConfig&, double, void*) {
-  throw Error("finish_step: this build has no CUDA backend");
-}
 }  // namespace cuda
 #endif
 
@@ -78,11 +75,6 @@ void StepStateBuffer::drop_apply(int64_t global_samples) {
 void StepStateBuffer::sum_rank_sums(const double* per_rank, int world) {
   if (device_ == Device::kCPU) return ampdist::sum_rank_sums(*state_, per_rank, world);
   cuda::launch_sum_rank_sums(state_, per_rank, world, device::compute_stream());
-}
-
-void StepStateBuffer::finish_step(const StepConfig& cfg, double loss_divisor) {
-  if (device_ == Device::kCPU) return ampdist::finish_step(*state_, cfg, loss_divisor);
-  cuda::launch_finish_step(state_, cfg, loss_divisor, device::compute_stream());
 }
 
 }  // namespace ampdist

@@ -34,11 +34,11 @@ class StepStateBuffer {
   // After a read: clears the fields that accumulate between reads (loss_sum and the DROP_RANK counts).
   void clear_since_read();
 
-  // The one-thread functions of amp/step_state.h, run where the struct lives.
+  // The one-thread functions of amp/step_state.h, run where the struct lives (optim/step_gate.h's finish_step is
+  // run the same way by a function of its own).
   void begin_step();
   void drop_fill(int64_t local_samples);
   void drop_apply(int64_t global_samples);
-  void finish_step(const StepConfig& cfg, double loss_divisor);
   void sum_rank_sums(const double* per_rank, int world);  // per_rank: on the struct's device
 
  private:

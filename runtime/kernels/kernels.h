@@ -9,7 +9,7 @@
 #include <span>
 
 #include "runtime/core/tensor.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/kernels/update_gate.h"
 
 namespace ampdist::kernels {
 
@@ -98,7 +98,7 @@ void sum_squares(const Tensor& x, double* out);
 void scale_inplace(Tensor& x, float factor);
 
 // ---- optimizers over flat FP32 buffers (formulas in math.h) ---------------------------------------------------
-// With a gate (the training step: a StepGate on the buffers' device, from amp/step_state.h's finish_step), the
+// With a gate (the training step: a StepGate on the buffers' device, from optim/step_gate.h's finish_step), the
 // update happens only when gate->apply, and lr, first_step, the clip factor and AdamW's bias corrections come from
 // the gate; the params' lr, first_step and step are then ignored. Without one (null), they come from the params,
 // with no clipping.

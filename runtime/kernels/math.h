@@ -81,6 +81,14 @@ AMPDIST_HOST_DEVICE void adamw_update(float& p, float g, float& m, float& v, flo
   p -= (lr / bias_correction1) * (m / denom);
 }
 
+// AdamW's bias corrections for the t-th update (t = 1, 2, ...): 1 - beta1^t and sqrt(1 - beta2^t), in double and
+// rounded once to FP32, as torch.optim.AdamW computes them from Python floats.
+AMPDIST_HOST_DEVICE void adamw_bias_corrections(double beta1, double beta2, int64_t t, float& bc1, float& bc2_sqrt) {
+  const double td = static_cast<double>(t);
+  bc1 = static_cast<float>(1.0 - pow(beta1, td));
+  bc2_sqrt = static_cast<float>(sqrt(1.0 - pow(beta2, td)));
+}
+
 // ---- transformer ops (kernels/transformer.h) ------------------------------------------------------------------
 
 // LayerNorm (Ba et al. 2016) as torch.nn.LayerNorm: biased variance over the row, rstd = 1 / sqrt(var + eps),

@@ -5,7 +5,7 @@
 
 #include "runtime/core/device.h"
 #include "runtime/kernels/kernels.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/optim/step_gate.h"
 
 namespace ampdist {
 
@@ -21,7 +21,7 @@ void Optimizer::step(Tensor& params, const Tensor& grads, float lr) {
   g.lr = lr;
   double beta1, beta2;
   if (bias_corrected(beta1, beta2))
-    adamw_bias_corrections(beta1, beta2, step_count_ + 1, g.bias_correction1, g.bias_correction2_sqrt);
+    math::adamw_bias_corrections(beta1, beta2, step_count_ + 1, g.bias_correction1, g.bias_correction2_sqrt);
   if (params.device() == Device::kCPU) {
     step(params, grads, &g);
   } else {  // the gate must live where the kernels read it

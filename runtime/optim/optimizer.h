@@ -1,6 +1,6 @@
 // Optimizers over the flat FP32 master buffer.
 //
-// The training step calls step(params, grads, gate) with the gate finish_step decided (amp/step_state.h), on the
+// The training step calls step(params, grads, gate) with the gate finish_step decided (optim/step_gate.h), on the
 // device the buffers live on: a skipped step's gate says so and nothing changes (moments, weight decay); the
 // gate also carries the learning rate, the clip factor and AdamW's bias corrections. The formulas are
 // torch.optim.SGD's and torch.optim.AdamW's, written once per element in kernels/math.h.
@@ -13,7 +13,7 @@
 
 #include "ampdist/config.pb.h"
 #include "runtime/core/tensor.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/kernels/update_gate.h"
 
 namespace ampdist {
 

@@ -374,7 +374,7 @@ void validate_config(const RunConfig& cfg, const std::string& source) {
   const PrecisionConfig& p = cfg.precision();
   if (p.dtype() == DTYPE_UNSPECIFIED) fail("precision.dtype", "must be FP32, FP16, BF16 or AUTO", "UNSPECIFIED");
   // A loss scale is a finite, normal FP32 number (so is its inverse): a zero, subnormal or infinite scale would
-  // skip every step or never unscale (kernels/step_math.h, is_valid_loss_scale).
+  // skip every step or never unscale (amp/scaler_rule.h, is_valid_loss_scale).
   auto loss_scale = [&](const std::string& field, float v) {
     if (!is_valid_loss_scale(v))
       fail(field, "must be a finite, normal FP32 number in [1.17549e-38, 3.40282e+38] (a loss scale and its inverse "

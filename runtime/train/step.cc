@@ -87,7 +87,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
 
   phase_begin(Phase::kOptimizer);
   if (sharded()) reduce_slice_sums(comm_, *state_, rank_sums_);  // the global norm from every rank's slice
-  state_->finish_step(step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update
+  finish_step(*state_, step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update
   Tensor grads = masters_->grad_slice();
   // A no-op on a skipped step. Unsharded 16-bit runs round each updated weight into the working copy in the same
   // pass (the next step's cast); a skipped step leaves both as they were, so the copy stays current either way.

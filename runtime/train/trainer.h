@@ -36,6 +36,7 @@
 #include "runtime/obs/numerics.h"
 #include "runtime/obs/phase_timer.h"
 #include "runtime/optim/optimizer.h"
+#include "runtime/optim/step_gate.h"
 #include "runtime/train/due_steps.h"
 #include "runtime/train/faults.h"
 #include "runtime/train/memory_estimate.h"

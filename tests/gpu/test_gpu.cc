@@ -38,7 +38,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "runtime/core/device.h"
 #include "runtime/kernels/device_ops.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/optim/step_gate.h"
 #include "tests/mpi/test_util.h"
 
 #ifdef AMPDIST_HAVE_CUDA
@@ -409,7 +409,7 @@ TEST(GpuKernels, DeviceStepKernelsEqualTheHostFormulas) {
     // The consensus of one rank (the all-reduce is the identity): its fill and decode kernels.
     cuda::launch_consensus_fill(static_cast<float*>(payload.data()), dev_fields, false, device::compute_stream());
     cuda::launch_consensus_decode(static_cast<const float*>(payload.data()), dev_fields, device::compute_stream());
-    buf.finish_step(c, 8.0);
+    finish_step(buf, c, 8.0);
     // The host replays the same step from the device's own sums.
     const StepState d = buf.read();
     host.found_inf = flags[it] ? 1.0f : 0.0f;

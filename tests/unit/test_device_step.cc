@@ -1,4 +1,4 @@
-// The step state's scalar logic (amp/step_state.h's finish_step, runtime/dist/consensus_payload.h's layout), run on the host:
+// The step state's scalar logic (optim/step_gate.h's finish_step, runtime/dist/consensus_payload.h's layout), run on the host:
 // the CPU step calls these functions directly and the GPU runs them in one thread around the consensus all-reduce,
 // so these tests check that arithmetic against the host-side classes (LossScaler, LrSchedule, clip_grad_norm, AdamW's
 // bias corrections), bit for bit.
@@ -12,6 +12,7 @@
 #include "runtime/ampdist.h"
 #include "runtime/core/device.h"
 #include "runtime/amp/step_state.h"
+#include "runtime/optim/step_gate.h"
 #include "runtime/dist/consensus_payload.h"
 
 namespace ampdist {

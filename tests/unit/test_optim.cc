@@ -427,7 +427,7 @@ void check_fused_working(const OptimizerConfig& cfg, DType working_dtype, bool n
     gate.first_step = s == 0;
     gate.lr = 0.01f;
     gate.clip_coef = s == 3 ? 0.5f : 1.0f;
-    adamw_bias_corrections(0.9, 0.999, s + 1, gate.bias_correction1, gate.bias_correction2_sqrt);
+    math::adamw_bias_corrections(0.9, 0.999, s + 1, gate.bias_correction1, gate.bias_correction2_sqrt);
     const std::vector<uint16_t> before = bits16(working);
     fused->step(p, g, &gate, &working);
     plain->step(q, g, &gate);

@@ -1,6 +1,6 @@
 // The loss-scale rule over the whole FP32 range, and the set-up checks that keep a run inside it.
 //
-// The rule (kernels/step_math.h, scaler_update) is the one function LossScaler, the CPU step and the GPU's one-thread
+// The rule (amp/scaler_rule.h, scaler_update) is the one function LossScaler, the CPU step and the GPU's one-thread
 // step kernel all call, so these properties hold for every backend.
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "runtime/amp/loss_scaler.h"
 #include "runtime/core/error.h"
-#include "runtime/kernels/step_math.h"
+#include "runtime/amp/scaler_rule.h"
 #include "runtime/train/config.h"
 
 namespace ampdist {

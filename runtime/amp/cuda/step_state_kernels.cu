@@ -1,5 +1,5 @@
-// amp/step_state.h's functions as one-thread kernels: the same code the CPU backend calls directly, so a skipped
-// step, the loss-scale update, the schedule and the clip factor never need a host round-trip on the GPU.
+// amp/step_state.h's functions as one-thread kernels: the same code the CPU backend calls directly, so the
+// step's bookkeeping never needs a host round-trip on the GPU (finish_step's kernel: optim/cuda/step_gate_kernels.cu).
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -16,7 +16,6 @@ __global__ void k_drop_apply(StepState* st, int64_t global_samples) { drop_apply
 __global__ void k_sum_rank_sums(StepState* st, const double* per_rank, int world) {
   sum_rank_sums(*st, per_rank, world);
 }
-__global__ void k_finish_step(StepState* st, StepConfig cfg, double divisor) { finish_step(*st, cfg, divisor); }
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 void check(const char* kernel) {
@@ -41,10 +40,6 @@ void launch_drop_apply(StepState* st, int64_t global_samples, void* s) {
 void launch_sum_rank_sums(StepState* st, const double* per_rank, int world, void* s) {
   k_sum_rank_sums<<<1, 1, 0, as_stream(s)>>>(st, per_rank, world);
   check("sum_rank_sums");
-}
-void launch_finish_step(StepState* st, const StepConfig& cfg, double loss_divisor, void* s) {
-  k_finish_step<<<1, 1, 0, as_stream(s)>>>(st, cfg, loss_divisor);
-  check("finish_step");
 }
 
 }  // namespace ampdist::cuda

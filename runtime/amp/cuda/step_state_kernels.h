@@ -12,7 +12,6 @@ namespace ampdist::cuda {
 void launch_begin_step(StepState* st, void* stream);
 void launch_drop_fill(StepState* st, int64_t local_samples, void* stream);
 void launch_drop_apply(StepState* st, int64_t global_samples, void* stream);
-void launch_finish_step(StepState* st, const StepConfig& cfg, double loss_divisor, void* stream);
 void launch_sum_rank_sums(StepState* st, const double* per_rank, int world, void* stream);
 
 }  // namespace ampdist::cuda

@@ -755,7 +755,7 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
     bc2_sqrt = gate->bias_correction2_sqrt;
     lr = gate->lr;
   } else {
-    adamw_bias_corrections(p.beta1, p.beta2, p.step, bc1, bc2_sqrt);
+    math::adamw_bias_corrections(p.beta1, p.beta2, p.step, bc1, bc2_sqrt);
   }
   const float clip = gate ? gate->clip_coef : 1.0f;  // as in sgd_step
   const float b1 = static_cast<float>(p.beta1), omb1 = static_cast<float>(1.0 - p.beta1);

@@ -1,5 +1,5 @@
 // CUDA kernels of the backend (launchers declared in cuda_ops.h). Element-wise arithmetic is kernels/math.h's and
-// the step's scalar arithmetic is kernels/step_math.h's, the functions the CPU backend runs.
+// the gate they read is kernels/update_gate.h's, decided by the function the CPU backend runs (optim/step_gate.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -14,7 +14,7 @@
 #include "runtime/kernels/cuda/cuda_ops.h"
 #include "runtime/kernels/cuda/device_access.cuh"
 #include "runtime/kernels/math.h"
-#include "runtime/kernels/step_math.h"  // StepGate
+#include "runtime/kernels/update_gate.h"
 
 namespace ampdist::cuda {
 namespace {

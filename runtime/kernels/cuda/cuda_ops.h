@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "runtime/kernels/step_math.h"
+#include "runtime/kernels/update_gate.h"
 
 // Row-major C[i] [m, n] (FP32, leading dimension ldc, stride sc between matrices) = alpha op(X[i]) op(Y[i]) for
 // `batch` matrices, with FP32 accumulation (CUBLAS_COMPUTE_32F: tensor cores for 16-bit inputs, FP32 FMA for FP32,

@@ -9,6 +9,7 @@
 #include "runtime/kernels/backends.h"
 #include "runtime/kernels/checks.h"
 #include "runtime/kernels/device_ops.h"
+#include "runtime/kernels/math.h"
 
 #ifdef AMPDIST_HAVE_CUDA
 #include <cublas_v2.h>
@@ -382,7 +383,7 @@ void adamw_step(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, const
   require_numel("adamw_step", params, v);
   if (working) require_cuda("adamw_step", *working);
   float bc1 = 1.0f, bc2_sqrt = 1.0f;  // with a gate, the kernel reads them from it
-  if (!gate) adamw_bias_corrections(p.beta1, p.beta2, p.step, bc1, bc2_sqrt);
+  if (!gate) math::adamw_bias_corrections(p.beta1, p.beta2, p.step, bc1, bc2_sqrt);
   launch([&] {
     ampdist::cuda::adamw_step(static_cast<float*>(params.data()), static_cast<const float*>(grads.data()),
                               static_cast<float*>(m.data()), static_cast<float*>(v.data()), params.numel(), p.lr,
