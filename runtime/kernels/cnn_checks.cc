@@ -1,8 +1,24 @@
 #include "runtime/kernels/cnn_checks.h"
 
+#include <climits>
 #include <string>
 
-namespace ampdist::kernels::checks {
+namespace ampdist::kernels {
+
+void ConvShape::validate() const {
+  const bool positive = n >= 0 && c > 0 && h > 0 && w > 0 && k > 0 && kh > 0 && kw > 0 && stride > 0 && pad >= 0 &&
+                        dilation > 0 && groups > 0 && c % groups == 0 && k % groups == 0;
+  bool fits = true;
+  for (int64_t v : {n, c, h, w, k, kh, kw, stride, pad, dilation, groups}) fits = fits && v <= INT_MAX;
+  if (!positive || !fits || out_h() <= 0 || out_w() <= 0)
+    throw Error("conv2d: invalid shape: input [" + std::to_string(n) + ", " + std::to_string(c) + ", " +
+                std::to_string(h) + ", " + std::to_string(w) + "], " + std::to_string(k) + " filters of " +
+                std::to_string(kh) + "x" + std::to_string(kw) + ", stride " + std::to_string(stride) + ", padding " +
+                std::to_string(pad) + ", dilation " + std::to_string(dilation) + ", groups " +
+                std::to_string(groups));
+}
+
+namespace checks {
 namespace {
 
 void require_numel(const char* op, const char* what, const Tensor& t, int64_t n, Device device) {
@@ -112,4 +128,5 @@ int64_t global_avgpool(const char* op, const Tensor& planes, const Tensor& means
   return planes.dim(2) * planes.dim(3);
 }
 
-}  // namespace ampdist::kernels::checks
+}  // namespace checks
+}  // namespace ampdist::kernels

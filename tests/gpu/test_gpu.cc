@@ -36,7 +36,9 @@
 #include "tests/gpu/bounds.h"
 #include "tests/gpu/gelu_bound.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/op_coverage.h"
 #include "runtime/core/device.h"
+#include "runtime/kernels/cnn.h"
 #include "runtime/kernels/device_ops.h"
 #include "runtime/optim/step_gate.h"
 #include "tests/mpi/test_util.h"
@@ -102,6 +104,7 @@ std::vector<float> random_values(size_t n, uint32_t seed, float scale = 1.0f) {
 
 // ---- kernels --------------------------------------------------------------------------------------------------
 
+AMPDIST_GPU_TEST_COVERS(GpuKernels, CastsEqualTheCpuBitForBit, "cast");
 TEST(GpuKernels, CastsEqualTheCpuBitForBit) {
   REQUIRE_GPU();
   const float inf = std::numeric_limits<float>::infinity();
@@ -129,6 +132,8 @@ TEST(GpuKernels, CastsEqualTheCpuBitForBit) {
   }
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuKernels, ActivationsMatchTheCpu,
+                        "relu_forward", "relu_backward", "gelu_forward", "gelu_backward");
 TEST(GpuKernels, ActivationsMatchTheCpu) {
   REQUIRE_GPU();
   std::vector<float> v = random_values(5000, 11, 3.0f);
@@ -170,6 +175,7 @@ TEST(GpuKernels, ActivationsMatchTheCpu) {
   }
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuKernels, GemmMatchesTheCpuWithinTheSummationBound, "gemm");
 TEST(GpuKernels, GemmMatchesTheCpuWithinTheSummationBound) {
   REQUIRE_GPU();
   const int64_t m = 37, k = 70, n = 29;
@@ -212,6 +218,8 @@ TEST(GpuKernels, GemmMatchesTheCpuWithinTheSummationBound) {
   }
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuKernels, WeightGradientAccumulatesIntoFp32AndSumRowsIsWithinTheSummationBound,
+                        "gemm", "sum_rows");
 TEST(GpuKernels, WeightGradientAccumulatesIntoFp32AndSumRowsIsWithinTheSummationBound) {
   REQUIRE_GPU();
   const Tensor dy = host_tensor(random_values(64 * 10, 31), DType::kFloat16, {64, 10});
@@ -273,6 +281,8 @@ TEST(GpuKernels, SixteenBitOutputGemmAccumulatesInFp32WhenSplittingK) {
 // dz = scale (expf(z - lse) - onehot), rounded once to the dtype: the argument moves by |d lse| + ulp(z - lse),
 // so p = expf(.) moves by p (1.01 |d arg| + kExpRel) + ulp(p), then + ulp(p - onehot), times scale + ulp(dz), and
 // one ulp of the output dtype for its rounding.
+AMPDIST_GPU_TEST_COVERS(GpuKernels, SoftmaxCrossEntropyMatchesTheCpu,
+                        "softmax_cross_entropy_forward", "softmax_cross_entropy_backward", "count_correct");
 TEST(GpuKernels, SoftmaxCrossEntropyMatchesTheCpu) {
   REQUIRE_GPU();
   const int64_t rows = 300, classes = 1000;
@@ -327,6 +337,7 @@ TEST(GpuKernels, SoftmaxCrossEntropyMatchesTheCpu) {
   }
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuKernels, UnscaleCheckAndOptimizersAreExact, "unscale_and_check", "sgd_step", "adamw_step");
 TEST(GpuKernels, UnscaleCheckAndOptimizersAreExact) {
   REQUIRE_GPU();
   const int64_t n = 100003;
@@ -373,6 +384,116 @@ TEST(GpuKernels, UnscaleCheckAndOptimizersAreExact) {
     EXPECT_EQ(bytes(pd), bytes(p));
     EXPECT_EQ(bytes(md), bytes(m));
     EXPECT_EQ(bytes(vd), bytes(v));
+  }
+}
+
+// The step's flag and norm ops, the numerics report's statistics, clipping and BatchNorm's evaluation statistics:
+// each on the same inputs on both backends. Exact except the double sums of squares (two summation orders).
+AMPDIST_GPU_TEST_COVERS(GpuKernels, FlagNormAndStatisticOpsMatchTheCpu, "unscale_and_check_to_state",
+                        "check_nonfinite", "zero_if", "copy_unless", "abs_stats", "sum_squares", "sum_squares_to",
+                        "scale_inplace", "batchnorm_running_statistics");
+TEST(GpuKernels, FlagNormAndStatisticOpsMatchTheCpu) {
+  REQUIRE_GPU();
+  const int64_t n = 100003;
+  const float inf = std::numeric_limits<float>::infinity();
+  // A scalar of the step state on either device: a float, an int32 flag, or a double, in a 2-word FP32 tensor.
+  const auto scalar = [](Device d) { return Tensor::zeros({2}, DType::kFloat32, d); };
+  const auto read_float = [](const Tensor& t) { return t.to(Device::kCPU).item(0); };
+  const auto read_double = [](const Tensor& t) {
+    double v;
+    std::memcpy(&v, t.to(Device::kCPU).data(), sizeof v);
+    return v;
+  };
+  for (bool inject : {false, true}) {
+    SCOPED_TRACE(inject ? "with inf" : "finite");
+    std::vector<float> v = random_values(n, 71, 1000.0f);
+    if (inject) v[n / 3] = inf;
+    // unscale_and_check into the step state's fields: the factor and the flag where the tensor lives.
+    Tensor h = host_tensor(v, DType::kFloat32), d = h.to(Device::kCUDA);
+    Tensor inv_h = scalar(Device::kCPU), flag_h = scalar(Device::kCPU), sum_h = scalar(Device::kCPU);
+    static_cast<float*>(inv_h.data())[0] = 1.0f / 1024.0f;
+    Tensor inv_d = inv_h.to(Device::kCUDA), flag_d = scalar(Device::kCUDA), sum_d = scalar(Device::kCUDA);
+    kernels::unscale_and_check(h, static_cast<const float*>(inv_h.data()), static_cast<float*>(flag_h.data()),
+                               static_cast<double*>(sum_h.data()));
+    kernels::unscale_and_check(d, static_cast<const float*>(inv_d.data()), static_cast<float*>(flag_d.data()),
+                               static_cast<double*>(sum_d.data()));
+    EXPECT_EQ(bytes(d), bytes(h));
+    EXPECT_EQ(read_float(flag_d), read_float(flag_h));
+    EXPECT_EQ(read_float(flag_h), inject ? 1.0f : 0.0f);
+    // Double sums of 1e5 terms in two orders: within 1e-12 relative (the bound of UnscaleCheckAndOptimizersAreExact).
+    EXPECT_NEAR(read_double(sum_d), read_double(sum_h), 1e-12 * read_double(sum_h));
+    // check_nonfinite, then zero_if on the flag it wrote.
+    Tensor bad_h = scalar(Device::kCPU), bad_d = scalar(Device::kCUDA);
+    kernels::check_nonfinite(h, static_cast<float*>(bad_h.data()));
+    kernels::check_nonfinite(d, static_cast<float*>(bad_d.data()));
+    EXPECT_EQ(read_float(bad_d), read_float(bad_h));
+    EXPECT_EQ(read_float(bad_h), inject ? 1.0f : 0.0f);
+    kernels::zero_if(h, static_cast<const float*>(bad_h.data()));
+    kernels::zero_if(d, static_cast<const float*>(bad_d.data()));
+    EXPECT_EQ(bytes(d), bytes(h));
+    EXPECT_EQ(h.item(0) == 0.0f && h.item(n - 1) == 0.0f, inject);
+  }
+  // copy_unless on an int32 flag: copies when the flag is 0, leaves dst when it is not.
+  for (int32_t skip : {0, 1}) {
+    SCOPED_TRACE(skip ? "flag set" : "flag clear");
+    const Tensor src = host_tensor(random_values(1000, 72), DType::kFloat32);
+    Tensor dst_h = host_tensor(random_values(1000, 73), DType::kFloat32), dst_d = dst_h.to(Device::kCUDA);
+    const Tensor before = dst_h.to(Device::kCPU);
+    Tensor f_h = scalar(Device::kCPU);
+    std::memcpy(f_h.data(), &skip, sizeof skip);
+    const Tensor f_d = f_h.to(Device::kCUDA);
+    kernels::copy_unless(dst_h, src, static_cast<const int32_t*>(f_h.data()));
+    kernels::copy_unless(dst_d, src.to(Device::kCUDA), static_cast<const int32_t*>(f_d.data()));
+    EXPECT_EQ(bytes(dst_d), bytes(dst_h));
+    EXPECT_EQ(bytes(dst_h), skip ? bytes(before) : bytes(src));
+  }
+  // abs_stats in every dtype, with an underflow threshold that splits the values: max, flag and count are exact.
+  for (DType t : kDTypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<float> v = random_values(n, 74, 1.0f);
+    v[17] = 0.0f;
+    v[18] = -inf;
+    const Tensor x = host_tensor(v, t);
+    const kernels::AbsStats a = kernels::abs_stats(x, 1e-3f), b = kernels::abs_stats(x.to(Device::kCUDA), 1e-3f);
+    EXPECT_EQ(b.max_abs, a.max_abs);
+    EXPECT_EQ(b.nonfinite, a.nonfinite);
+    EXPECT_TRUE(a.nonfinite);
+    EXPECT_EQ(b.below, a.below);
+    EXPECT_GT(a.below, 0);
+  }
+  // sum_squares to the host and to device memory; scale_inplace (clipping's multiply) bit for bit.
+  {
+    const Tensor x = host_tensor(random_values(n, 75, 3.0f), DType::kFloat32);
+    const Tensor xd = x.to(Device::kCUDA);
+    const double want = kernels::sum_squares(x);
+    EXPECT_NEAR(kernels::sum_squares(xd), want, 1e-12 * want);
+    Tensor out_h = scalar(Device::kCPU), out_d = scalar(Device::kCUDA);
+    kernels::sum_squares(x, static_cast<double*>(out_h.data()));
+    kernels::sum_squares(xd, static_cast<double*>(out_d.data()));
+    EXPECT_EQ(read_double(out_h), want);
+    EXPECT_NEAR(read_double(out_d), want, 1e-12 * want);
+    Tensor s_h = x.to(Device::kCPU), s_d = x.to(Device::kCUDA);
+    kernels::scale_inplace(s_h, 0.3779f);
+    kernels::scale_inplace(s_d, 0.3779f);
+    EXPECT_EQ(bytes(s_d), bytes(s_h));
+  }
+  // BatchNorm's evaluation statistics from running ones: mean and var copied, invstd in double rounded once.
+  {
+    const int64_t c = 37;
+    std::vector<float> rv = random_values(c, 76, 2.0f);
+    for (float& x : rv) x = std::fabs(x);
+    rv[3] = 0.0f;
+    const Tensor rm_h = host_tensor(random_values(c, 77), DType::kFloat32), rv_h = host_tensor(rv, DType::kFloat32);
+    Tensor m_h = Tensor::empty({c}, DType::kFloat32), v_h = Tensor::empty({c}, DType::kFloat32),
+           i_h = Tensor::empty({c}, DType::kFloat32);
+    Tensor m_d = Tensor::empty({c}, DType::kFloat32, Device::kCUDA),
+           v_d = Tensor::empty({c}, DType::kFloat32, Device::kCUDA),
+           i_d = Tensor::empty({c}, DType::kFloat32, Device::kCUDA);
+    kernels::batchnorm_running_statistics(rm_h, rv_h, 1e-5f, m_h, v_h, i_h);
+    kernels::batchnorm_running_statistics(rm_h.to(Device::kCUDA), rv_h.to(Device::kCUDA), 1e-5f, m_d, v_d, i_d);
+    EXPECT_EQ(bytes(m_d), bytes(m_h));
+    EXPECT_EQ(bytes(v_d), bytes(v_h));
+    EXPECT_EQ(bytes(i_d), bytes(i_h));
   }
 }
 
@@ -588,6 +709,8 @@ std::string synthetic_job(const std::string& dtype) {
       precision { dtype: )" + dtype + " }";
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuTraining, MlpTrainsInEveryPrecisionAndFp32TracksTheCpu,
+                        "softmax_cross_entropy_forward_to", "softmax_cross_entropy_backward_from");
 TEST(GpuTraining, MlpTrainsInEveryPrecisionAndFp32TracksTheCpu) {
   REQUIRE_GPU_PER_RANK();
   NcclCommunicator& comm = nccl();
@@ -674,6 +797,7 @@ std::string observed_job(const std::string& extra) {
       )" + extra;
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuObservers, DropRankDropsTheSameRanksAndSamplesAsTheCpu, "check_nonfinite", "zero_if");
 TEST(GpuObservers, DropRankDropsTheSameRanksAndSamplesAsTheCpu) {
   REQUIRE_GPU_PER_RANK();
   NcclCommunicator& comm = nccl();
@@ -727,7 +851,9 @@ TEST(GpuObservers, NumericsReportNamesTheSameLayerAsTheCpu) {
       EXPECT_EQ(std::isinf(y.act_max), std::isinf(x.act_max)) << x.name;
       // fp16 activations: the two backends' GEMMs round slightly different FP32 sums, so maxima agree to a few
       // fp16 ulps (2^-10 relative each); 1% covers them and the drift of a few SGD steps.
-      if (std::isfinite(x.act_max)) EXPECT_NEAR(y.act_max, x.act_max, 0.01 * x.act_max + 1e-6) << x.name;
+      if (std::isfinite(x.act_max)) {
+        EXPECT_NEAR(y.act_max, x.act_max, 0.01 * x.act_max + 1e-6) << x.name;
+      }
     }
   }
   EXPECT_EQ(cpu->scaler().state().skipped_steps, 1);

@@ -31,6 +31,7 @@
 #include "runtime/nn/conv.h"
 #include "tests/gpu/bounds.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/op_coverage.h"
 
 namespace ampdist {
 namespace {
@@ -67,6 +68,8 @@ struct ConvCase {
   bool bias;
 };
 
+AMPDIST_GPU_TEST_COVERS(GpuCnn, ConvolutionsMatchTheCpuWithinTheSumBound,
+                        "conv2d_forward", "conv2d_backward_data", "conv2d_backward_weights");
 TEST(GpuCnn, ConvolutionsMatchTheCpuWithinTheSumBound) {
   REQUIRE_GPU();
   if (!kernels::gpu_convolutions()) GTEST_SKIP() << "this build has no cuDNN";
@@ -127,6 +130,8 @@ TEST(GpuCnn, ConvolutionsMatchTheCpuWithinTheSumBound) {
   }
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuCnn, BatchNormSumsAreWithinTheDoubleBoundAndTheRestIsBitwise,
+                        "batchnorm_sums", "batchnorm_apply", "batchnorm_backward_sums", "batchnorm_backward_dx");
 TEST(GpuCnn, BatchNormSumsAreWithinTheDoubleBoundAndTheRestIsBitwise) {
   REQUIRE_GPU();
   const int64_t N = 3, C = 5, H = 7, W = 6;
@@ -179,6 +184,9 @@ TEST(GpuCnn, BatchNormSumsAreWithinTheDoubleBoundAndTheRestIsBitwise) {
   }
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuCnn, PoolingAndResidualAddAreBitwiseEqual,
+                        "maxpool2d_forward", "maxpool2d_backward", "avgpool2d_forward", "avgpool2d_backward",
+                        "global_avgpool2d_forward", "global_avgpool2d_backward", "residual_add");
 TEST(GpuCnn, PoolingAndResidualAddAreBitwiseEqual) {
   REQUIRE_GPU();
   // A 3x3 window with stride 2 and padding 1 (the ImageNet stem's max-pool: windows overlap), ties and a NaN. 23
@@ -271,6 +279,9 @@ ModelRun run_resnet(Device device) {
   return r;
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuCnn, ResnetLossGradientsAndRunningStatisticsMatchTheCpu,
+                        "batchnorm_sums_to", "batchnorm_statistics", "batchnorm_backward_sums_to",
+                        "batchnorm_param_grads", "batchnorm_backward_dx_from");
 TEST(GpuCnn, ResnetLossGradientsAndRunningStatisticsMatchTheCpu) {
   REQUIRE_GPU();
   if (!kernels::gpu_convolutions()) GTEST_SKIP() << "this build has no cuDNN";

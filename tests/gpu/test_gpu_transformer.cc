@@ -29,6 +29,7 @@
 #include "tests/attention_reference.h"
 #include "tests/gpu/bounds.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/op_coverage.h"
 
 namespace ampdist {
 namespace {
@@ -44,6 +45,8 @@ void expect_bitwise(const Tensor& got, const Tensor& want, const char* what) {
     ASSERT_EQ(std::memcmp(&a[i], &b[i], sizeof(float)), 0) << what << "[" << i << "]: " << a[i] << " vs " << b[i];
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuTransformer, EmbeddingDropoutAndAddAreBitwiseEqual,
+                        "embedding_forward", "embedding_backward", "dropout_inplace", "add_inplace");
 TEST(GpuTransformer, EmbeddingDropoutAndAddAreBitwiseEqual) {
   REQUIRE_GPU();
   const int64_t V = 50, Tmax = 16, T = 12, B = 3, C = 40, N = B * T;
@@ -138,6 +141,8 @@ void expect_within(const std::vector<float>& got, const std::vector<float>& want
         << what << "[" << i << "]: " << got[i] << " vs " << want[i];
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuTransformer, LayerNormIsWithinItsDerivedBoundsAndDeterministic,
+                        "layernorm_forward", "layernorm_backward");
 TEST(GpuTransformer, LayerNormIsWithinItsDerivedBoundsAndDeterministic) {
   REQUIRE_GPU();
   const int64_t N = 70, C = 200;  // C not a multiple of 32: lanes with fewer elements
@@ -345,6 +350,8 @@ std::vector<double> attention_grad_bounds(const AttnInputs& in, const std::vecto
   return tol;
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuTransformer, AttentionMatchesTheCpuIncludingFullyMaskedRows,
+                        "attention_forward", "attention_backward");
 TEST(GpuTransformer, AttentionMatchesTheCpuIncludingFullyMaskedRows) {
   REQUIRE_GPU();
   const kernels::AttentionShape s{2, 9, 3, 8};
@@ -383,6 +390,8 @@ TEST(GpuTransformer, AttentionMatchesTheCpuIncludingFullyMaskedRows) {
   }
 }
 
+AMPDIST_GPU_TEST_COVERS(GpuTransformer, FusedAttentionIsWithinTheDerivedBoundOfTheExactAttentionAsIsTheCpu,
+                        "flash_attention_forward", "flash_attention_backward");
 TEST(GpuTransformer, FusedAttentionIsWithinTheDerivedBoundOfTheExactAttentionAsIsTheCpu) {
   REQUIRE_GPU();
   namespace ref = attention_reference;
@@ -409,8 +418,9 @@ TEST(GpuTransformer, FusedAttentionIsWithinTheDerivedBoundOfTheExactAttentionAsI
       kernels::flash_attention_forward(qkv, s, mask, dt, stats, out);
       const std::vector<float> go = floats(out_d), co = floats(out);
       for (size_t i = 0; i < co.size(); ++i) ASSERT_LE(std::fabs(go[i] - co[i]), 2 * r.out_bound[i]) << "out " << i;
-      if (c.masked)
+      if (c.masked) {
         for (int64_t e = 0; e < c.hs; ++e) EXPECT_EQ(go[static_cast<size_t>(e)], 0.0f) << "query 0 has no key";
+      }
     }
 }
 

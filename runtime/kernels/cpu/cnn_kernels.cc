@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "runtime/core/error.h"
-#include "runtime/kernels/cnn_backends.h"
+#include "runtime/kernels/backends.h"
 #include "runtime/kernels/cnn_checks.h"
 #include "runtime/kernels/cpu/convert.h"
 #include "runtime/kernels/cpu/isa.h"

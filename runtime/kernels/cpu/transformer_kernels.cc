@@ -1,4 +1,4 @@
-// CPU backend of kernels/transformer.h (kernels/transformer_dispatch.cc picks it for host tensors): attention's
+// CPU backend of kernels/transformer.h (kernels/dispatch.cc picks it for host tensors): attention's
 // products on oneDNN (batched matmuls), loops over kernels/math.h for the rest, FP32 arithmetic throughout. Inputs of
 // 16-bit dtypes are converted exactly to FP32 scratch buffers owned by the calling thread (sized once, reused), and
 // results are rounded once to the output's dtype.
@@ -17,7 +17,7 @@
 #include "runtime/kernels/kernels.h"
 #include "runtime/kernels/math.h"
 #include "runtime/kernels/transformer.h"
-#include "runtime/kernels/transformer_backends.h"
+#include "runtime/kernels/backends.h"
 #include "runtime/kernels/transformer_checks.h"
 
 namespace ampdist::kernels::cpu {

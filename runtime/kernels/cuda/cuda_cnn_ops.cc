@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "runtime/core/device.h"
-#include "runtime/kernels/cnn_backends.h"
+#include "runtime/kernels/backends.h"
 #include "runtime/kernels/cnn_checks.h"
 #include "runtime/kernels/device_ops.h"
 #include "runtime/kernels/kernels.h"

@@ -8,7 +8,7 @@
 
 #include "runtime/core/device.h"
 #include "runtime/kernels/kernels.h"
-#include "runtime/kernels/transformer_backends.h"
+#include "runtime/kernels/backends.h"
 #include "runtime/kernels/transformer_checks.h"
 
 #ifdef AMPDIST_HAVE_CUDA
