@@ -171,39 +171,5 @@ TEST(LossScaleRange, SetUpRefusesScalesTheArithmeticCannotHonour) {
   EXPECT_EQ(validation_error(edge), "");
 }
 
-// ---- set-up: every string field is valid UTF-8 without NUL, at any depth ----
-
-TEST(ConfigText, EveryStringFieldIsCheckedAndNamedByItsPath) {
-  struct Case {
-    std::string text, field;
-  };
-  const std::vector<Case> cases = {
-      {"name: \"mod\\350le\"", "run.pbtxt: name: not valid UTF-8 (byte 0xe8 at offset 3 of \"mod?le\")"},
-      {"log { dir: \"runs/\\377\" }", "run.pbtxt: log.dir: not valid UTF-8"},
-      {"precision { fp32_layers: \"fc1\" fp32_layers: \"f\\300\\257\" }", "run.pbtxt: precision.fp32_layers[1]: "},
-      {"checkpoint { dir: \"a\\000b\" }", "run.pbtxt: checkpoint.dir: holds a NUL byte (byte 0x00 at offset 1"},
-      {"fault { inject_nonfinite { step: 1 value: POS_INF target: ACTIVATION layer: \"\\355\\240\\200\" } }",
-       "run.pbtxt: fault.inject_nonfinite[0].layer: not valid UTF-8"},  // an encoded surrogate is not UTF-8
-  };
-  for (const Case& k : cases) {
-    RunConfig c = mlp_config();
-    c.MergeFrom(parse_config_text(k.text, "case"));
-    const std::string e = validation_error(c);
-    EXPECT_EQ(e.rfind(k.field, 0), 0u) << k.text << " gave: " << e;
-  }
-  RunConfig ok = mlp_config();
-  ok.set_name("modèle-日本");  // valid multi-byte UTF-8 is fine
-  EXPECT_EQ(validation_error(ok), "");
-}
-
-TEST(ConfigText, ErrorsOfLibraryCodeAreNamedAfterTheConfigFile) {
-  const Error e = ConfigInput("data.global_batch_size = 100 is not a multiple of world size 3");
-  EXPECT_EQ(std::string(e.what()), "config: data.global_batch_size = 100 is not a multiple of world size 3");
-  EXPECT_EQ(e.in_source("configs/x.pbtxt"), "configs/x.pbtxt: data.global_batch_size = 100 is not a multiple of world size 3");
-  EXPECT_EQ(e.exit_code(), 2);
-  const Error other = BadInput("data/x.idx", "truncated");
-  EXPECT_EQ(other.in_source("configs/x.pbtxt"), "data/x.idx: truncated");
-}
-
 }  // namespace
 }  // namespace ampdist
