@@ -150,22 +150,22 @@ std::unique_ptr<Work> MpiCommunicator::allgather_inplace_async(void* buf, std::s
   return work;
 }
 
-void MpiCommunicator::allreduce_f64(std::span<double> values, ReduceOp op, const std::string& what) {
+void MpiCommunicator::allreduce_host(void* values, size_t count, MPI_Datatype type, ReduceOp op,
+                                     const std::string& what) {
   MPI_Request req;
-  check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), to_int(values.size(), what), MPI_DOUBLE,
-                       op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, comm_, &req),
+  check(MPI_Iallreduce(MPI_IN_PLACE, values, to_int(count, what), type, op == ReduceOp::kSum ? MPI_SUM : MPI_MAX,
+                       comm_, &req),
         what);
   ++stats_.allreduce;
   MpiWork(req, watchdog_, what, {}, {}).wait();
 }
 
+void MpiCommunicator::allreduce_f64(std::span<double> values, ReduceOp op, const std::string& what) {
+  allreduce_host(values.data(), values.size(), MPI_DOUBLE, op, what);
+}
+
 void MpiCommunicator::allreduce_i64(std::span<int64_t> values, ReduceOp op, const std::string& what) {
-  MPI_Request req;
-  check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), to_int(values.size(), what), MPI_INT64_T,
-                       op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, comm_, &req),
-        what);
-  ++stats_.allreduce;
-  MpiWork(req, watchdog_, what, {}, {}).wait();
+  allreduce_host(values.data(), values.size(), MPI_INT64_T, op, what);
 }
 
 std::vector<uint64_t> MpiCommunicator::allgather_u64(uint64_t value, const std::string& what) {

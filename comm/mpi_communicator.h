@@ -44,6 +44,9 @@ class MpiCommunicator : public Communicator {
   void set_progress_dir(const std::string& dir) { watchdog_.set_progress_dir(dir, size_); }
 
  private:
+  // A blocking in-place all-reduce of `count` host values of `type` (SUM or MAX) under the watchdog.
+  void allreduce_host(void* values, size_t count, MPI_Datatype type, ReduceOp op, const std::string& what);
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   CommStats stats_;

@@ -640,11 +640,8 @@ TEST(GpuScenarios, SkippedStepsChangeNothingAndWarmupCountsAppliedUpdates) {
       log { every_steps: 1 }
       precision { dtype: FP16 })");
   for (int step : {2, 3}) {
-    NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-    f->set_step(step);
-    f->set_rank(step == 2 ? 0 : comm.world_size() - 1);  // only one rank holds the bad element
-    f->set_target(GRADIENT);
-    f->set_value(step == 2 ? POS_INF : QNAN);
+    // Only one rank holds the bad element.
+    testing::inject_nonfinite(cfg, step, step == 2 ? 0 : comm.world_size() - 1, step == 2 ? POS_INF : QNAN);
   }
   auto t = linear_trainer(cfg, comm, 2, 1);
   const float expected_lr[] = {0.01f, 0.0f, 0.0f, 0.02f, 0.03f};
@@ -675,11 +672,7 @@ TEST(GpuScenarios, ASkippedStepLeavesAdamWAlone) {
       optimizer { adamw { beta1: 0.9 beta2: 0.999 eps: 1e-8 } lr: 0.001 weight_decay: 0.1 }
       log { every_steps: 1 }
       precision { dtype: FP32 })");
-  NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-  f->set_step(1);
-  f->set_rank(0);
-  f->set_target(GRADIENT);
-  f->set_value(POS_INF);
+  testing::inject_nonfinite(cfg, 1, 0);
   auto t = linear_trainer(cfg, comm, 1, 1);
   // p0 = 1, gradient 1 per step (x = 1, one sample per rank, mean over ranks).
   const float one = 1.0f;
@@ -699,14 +692,17 @@ TEST(GpuScenarios, ASkippedStepLeavesAdamWAlone) {
 
 // ---- a short training run on the GPU against the CPU backend -------------------------------------------------------
 
+// The synthetic MLP job of the GPU's training tests: `train_samples` and `test_samples` of 32 features, 4 classes,
+// batches of 64, SGD with momentum, `steps` steps from `seed`, and `extra` text.
+std::string mlp_job(int train_samples, int test_samples, int steps, int seed, const std::string& extra) {
+  return "model { mlp { hidden: [64, 32] } } data { synthetic { train_samples: " + std::to_string(train_samples) +
+         " test_samples: " + std::to_string(test_samples) +
+         " features: 32 classes: 4 } global_batch_size: 64 } optimizer { sgd { momentum: 0.9 } lr: 0.05 } train { "
+         "steps: " + std::to_string(steps) + " seed: " + std::to_string(seed) + " } " + extra;
+}
+
 std::string synthetic_job(const std::string& dtype) {
-  return R"(
-      model { mlp { hidden: [64, 32] } }
-      data { synthetic { train_samples: 2048 test_samples: 512 features: 32 classes: 4 } global_batch_size: 64 }
-      optimizer { sgd { momentum: 0.9 } lr: 0.05 }
-      train { steps: 96 seed: 7 }
-      log { every_steps: 32 }
-      precision { dtype: )" + dtype + " }";
+  return mlp_job(2048, 512, 96, 7, "log { every_steps: 32 } precision { dtype: " + dtype + " }");
 }
 
 AMPDIST_GPU_TEST_COVERS(GpuTraining, MlpTrainsInEveryPrecisionAndFp32TracksTheCpu,
@@ -788,14 +784,8 @@ TEST(GpuCheckpoint, AnAsyncSaveFromDeviceBuffersWritesTheBlockingSavesBytes) {
 
 // ---- the step's modes and observers on the GPU against the CPU backend -------------------------------------------
 
-std::string observed_job(const std::string& extra) {
-  return R"(
-      model { mlp { hidden: [64, 32] } }
-      data { synthetic { train_samples: 512 test_samples: 64 features: 32 classes: 4 } global_batch_size: 64 }
-      optimizer { sgd { momentum: 0.9 } lr: 0.05 }
-      train { steps: 6 seed: 3 }
-      )" + extra;
-}
+// A shorter job of the same model for the step's modes: `extra` adds precision, fault and log settings.
+std::string observed_job(const std::string& extra) { return mlp_job(512, 64, 6, 3, extra); }
 
 AMPDIST_GPU_TEST_COVERS(GpuObservers, DropRankDropsTheSameRanksAndSamplesAsTheCpu, "check_nonfinite", "zero_if");
 TEST(GpuObservers, DropRankDropsTheSameRanksAndSamplesAsTheCpu) {

@@ -51,11 +51,7 @@ void scaler_survives_resume(int64_t overflow_step, int64_t total, int64_t save_s
   SharedTempDir tmp(comm);
   RunConfig cfg = config(job("precision { dtype: FP16 } train { steps: " + std::to_string(total) + " }"));
   if (overflow_step > 0) {
-    NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-    f->set_step(overflow_step);
-    f->set_rank(0);
-    f->set_target(GRADIENT);
-    f->set_value(POS_INF);
+    testing::inject_nonfinite(cfg, overflow_step, 0);
   }
   // Uninterrupted run, saving at save_step on the way.
   ScalerTrace straight;
@@ -100,16 +96,12 @@ TEST(ScalerAcrossResume, ExpectedValuesOfTheTrajectory) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   SharedTempDir tmp(comm);
   RunConfig cfg = config(job("precision { dtype: FP16 } train { steps: 3401 }"));
-  NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-  f->set_step(1400);
-  f->set_rank(0);
-  f->set_target(GRADIENT);
-  f->set_value(POS_INF);
+  testing::inject_nonfinite(cfg, 1400, 0);
   auto t = make_trainer(cfg, comm);
   std::string path;
   for (int64_t step = 1; step <= 1500; ++step) {
     t->step();
-    if (step == 1399) EXPECT_EQ(t->scaler().scale(), 65536.0f);
+    if (step == 1399) { EXPECT_EQ(t->scaler().scale(), 65536.0f); }
   }
   path = save_checkpoint(comm, t->checkpoint_state(), tmp.path(), 0);
   auto r = resume_from(cfg, comm, path);
@@ -117,7 +109,7 @@ TEST(ScalerAcrossResume, ExpectedValuesOfTheTrajectory) {
   EXPECT_EQ(r->scaler().state().skipped_steps, 1);
   for (int64_t step = 1501; step <= 3400; ++step) {
     r->step();
-    if (step == 3399) EXPECT_EQ(r->scaler().scale(), 32768.0f);
+    if (step == 3399) { EXPECT_EQ(r->scaler().scale(), 32768.0f); }
   }
   EXPECT_EQ(r->scaler().scale(), 65536.0f) << "2000 clean steps after the overflow at 1400 end at 3400";
 }

@@ -102,11 +102,7 @@ void skip_together(ReduceMode mode, int victim, NonFiniteValue value) {
     element = static_cast<int64_t>(begins[victim]);
   }
   RunConfig cfg = config(base);
-  NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-  f->set_step(3);
-  f->set_rank(victim);
-  f->set_target(GRADIENT);
-  f->set_value(value);
+  NonFiniteInjection* f = testing::inject_nonfinite(cfg, 3, victim, value);
   f->set_element(element);
   auto t = make_trainer(cfg, comm);
   EXPECT_GT(t->reducer().buckets().size(), 1u) << "the test wants several buckets";
@@ -168,11 +164,7 @@ TEST(BadDataOnOneRank, NanInputOnOneRankSkipsEverywhere) {
   RunConfig cfg = config(small_job(R"(
       optimizer { adamw {} lr: 0.001 }
       precision { dtype: FP16 })"));
-  NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-  f->set_step(5);
-  f->set_rank(std::min(2, comm.world_size() - 1));
-  f->set_target(INPUT);
-  f->set_value(QNAN);
+  testing::inject_nonfinite(cfg, 5, std::min(2, comm.world_size() - 1), QNAN, INPUT);
   auto t = make_trainer(cfg, comm);
   for (int step = 1; step <= 4; ++step) EXPECT_FALSE(t->step().skipped);
   const std::vector<uint8_t> before = bytes(t->masters().master());
@@ -247,11 +239,7 @@ TEST(SkippedStepAdvancesNothing, WarmupCountsAppliedUpdatesOnly) {
       optimizer { sgd {} lr: 1.0 schedule { kind: CONSTANT warmup_steps: 100 } }
       precision { dtype: FP16 })");
   for (int step : {2, 3}) {
-    NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-    f->set_step(step);
-    f->set_rank(0);
-    f->set_target(GRADIENT);
-    f->set_value(POS_INF);
+    testing::inject_nonfinite(cfg, step, 0);
   }
   auto t = linear_trainer(cfg, comm, 2, 1);
   const float expected_lr[] = {0.01f, 0.0f, 0.0f, 0.02f, 0.03f};
@@ -275,11 +263,7 @@ TEST(SkippedStepAdvancesNothing, Bf16NeverScalesButStillSkips) {
   RunConfig cfg = config(small_job(R"(
       optimizer { sgd {} lr: 0.01 }
       precision { dtype: BF16 })"));
-  NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-  f->set_step(2501);
-  f->set_rank(comm.world_size() - 1);
-  f->set_target(GRADIENT);
-  f->set_value(NEG_INF);
+  testing::inject_nonfinite(cfg, 2501, comm.world_size() - 1, NEG_INF);
   auto t = make_trainer(cfg, comm);
   EXPECT_EQ(t->scaler().mode(), LossScaler::Mode::kNone);
   for (int step = 1; step <= 2500; ++step) t->step();
@@ -301,11 +285,7 @@ TEST(SkippedStepLeavesAdamW, OverflowFirstThenTwoCleanAdamWSteps) {
   RunConfig cfg = config(R"(
       optimizer { adamw { beta1: 0.9 beta2: 0.999 eps: 1e-8 } lr: 0.001 weight_decay: 0.1 }
       precision { dtype: FP32 })");
-  NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
-  f->set_step(1);
-  f->set_rank(0);
-  f->set_target(GRADIENT);
-  f->set_value(POS_INF);
+  testing::inject_nonfinite(cfg, 1, 0);
   auto t = linear_trainer(cfg, comm, 1, 1);
   float* p = t->masters().master().data_as<float>();
   p[0] = 1.0f;

@@ -42,6 +42,18 @@ class SumLoss : public Criterion {
 
 inline RunConfig config(const std::string& text) { return parse_config_text(text, "test config"); }
 
+// Adds a fault.inject_nonfinite entry: `value` written into `target` (the rank's reduced gradient by default) of rank
+// `rank` at step `step`. Returns it for the fields a test sets beyond these (element, layer).
+inline NonFiniteInjection* inject_nonfinite(RunConfig& cfg, int64_t step, int rank, NonFiniteValue value = POS_INF,
+                                            InjectTarget target = GRADIENT) {
+  NonFiniteInjection* f = cfg.mutable_fault()->add_inject_nonfinite();
+  f->set_step(step);
+  f->set_rank(rank);
+  f->set_target(target);
+  f->set_value(value);
+  return f;
+}
+
 // A micro-batch of `rows` FP32 samples (each a vector of features) with label 0.
 inline MicroBatch batch(const std::vector<std::vector<float>>& rows, int64_t features) {
   MicroBatch b;

@@ -86,7 +86,9 @@ TEST(ZeroOneAsReplicated, ShardedStateSkipsAndUpdatesAsReplicatedState) {
     // Every step all-gathers every rank's sum of squares and the working copy: the host never reads the skip flag to
     // decide. On a skipped step the optimizer left every slice as it was, so the gather moves the same bits.
     EXPECT_EQ(gathered, 2);
-    if (step == 12) EXPECT_EQ(bytes(zero->masters().working()), working_before) << "a skipped step changed the working copy";
+    if (step == 12) {
+      EXPECT_EQ(bytes(zero->masters().working()), working_before) << "a skipped step changed the working copy";
+    }
     if (bitwise) {
       EXPECT_EQ(b.loss, a.loss);
       // The working copy the next forward reads: sharded state all-gathered it after the update; replicated state
@@ -114,7 +116,7 @@ TEST(ZeroOneAsReplicated, ShardedStateSkipsAndUpdatesAsReplicatedState) {
     EXPECT_EQ(std::memcmp(v.data(), ma.exp_avg_sq().data(), v.size() * sizeof(float)), 0);
   }
   const uint64_t sharded_hash = zero->master_hash();  // collective: every rank calls it
-  if (bitwise) EXPECT_EQ(sharded_hash, rep->masters().hash()) << "the hash of the whole master buffer";
+  if (bitwise) { EXPECT_EQ(sharded_hash, rep->masters().hash()) << "the hash of the whole master buffer"; }
 }
 
 // ---- resume on other world sizes and the other stage -------------------------------------------------------------

@@ -299,10 +299,8 @@ TEST(Config, ConvModelsRefuseWhatTheyCannotRunNamingTheField) {
 // ---- every string field is valid UTF-8 without NUL, at any depth ----
 
 TEST(ConfigText, EveryStringFieldIsCheckedAndNamedByItsPath) {
-  struct Case {
-    std::string text, field;
-  };
-  const std::vector<Case> cases = {
+  // (config text, the start of the error naming its field)
+  const std::pair<std::string, std::string> cases[] = {
       {"name: \"mod\\350le\"", "run.pbtxt: name: not valid UTF-8 (byte 0xe8 at offset 3 of \"mod?le\")"},
       {"log { dir: \"runs/\\377\" }", "run.pbtxt: log.dir: not valid UTF-8"},
       {"precision { fp32_layers: \"fc1\" fp32_layers: \"f\\300\\257\" }", "run.pbtxt: precision.fp32_layers[1]: "},
@@ -313,11 +311,11 @@ TEST(ConfigText, EveryStringFieldIsCheckedAndNamedByItsPath) {
   const char* base =
       "model { mlp { hidden: 8 } } data { synthetic { train_samples: 64 test_samples: 8 features: 4 classes: 2 } "
       "global_batch_size: 8 } precision { dtype: FP16 }";
-  for (const Case& k : cases) {
+  for (const auto& [text, field] : cases) {
     RunConfig c = parse_config_text(base, "test.pbtxt");
-    c.MergeFrom(parse_config_text(k.text, "case"));
+    c.MergeFrom(parse_config_text(text, "case"));
     const std::string e = bad_input_message([&] { validate_config(c, "run.pbtxt"); });
-    EXPECT_EQ(e.rfind(k.field, 0), 0u) << k.text << " gave: " << e;
+    EXPECT_EQ(e.rfind(field, 0), 0u) << text << " gave: " << e;
   }
   RunConfig ok = parse_config_text(base, "test.pbtxt");
   ok.set_name("modèle-日本");  // valid multi-byte UTF-8 is fine
