@@ -95,8 +95,8 @@ struct OwnedParams {
   explicit OwnedParams(const std::vector<Shape>& shapes, DType working = DType::kFloat32, float bound = 0.5f) {
     for (size_t i = 0; i < shapes.size(); ++i) {
       auto p = std::make_unique<Parameter>();
-      p->name = "p";
-      p->name += std::to_string(i);  // (not "p" + ...: GCC 12 -Wrestrict false positive)
+      p->name.assign(1, 'p');  // "p0", "p1", ... (built so: GCC 12 warns -Wrestrict on string literal assignments here)
+      p->name += std::to_string(i);
       p->shape = shapes[i];
       p->init_bound = bound;
       ptrs.push_back(p.get());

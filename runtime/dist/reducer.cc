@@ -26,14 +26,15 @@ std::vector<BucketLayout> plan_buckets(const FlatLayout& layout, int64_t bucket_
 }
 
 Reducer::Reducer(Communicator& comm, Tensor grads, const FlatLayout& layout, int64_t bucket_cap_bytes,
-                 DType reduce_dtype, std::span<const int64_t> slice_counts)
+                 DType reduce_dtype, const ShardPlan& plan)
     : comm_(comm),
       grads_(std::move(grads)),
       reduce_dtype_(reduce_dtype),
-      mode_(slice_counts.empty() ? Mode::kAllreduce : Mode::kReduceScatter) {
-  if (!slice_counts.empty() && static_cast<int>(slice_counts.size()) != comm_.world_size())
-    throw Error("Reducer: " + std::to_string(slice_counts.size()) + " slices for a world of " +
+      mode_(plan.sharded() ? Mode::kReduceScatter : Mode::kAllreduce) {
+  if (plan.sharded() && plan.world_size() != comm_.world_size())
+    throw Error("Reducer: a shard plan for a world of " + std::to_string(plan.world_size()) + " on a world of " +
                 std::to_string(comm_.world_size()));
+  const std::vector<int64_t> slice_counts = plan.slice_counts(layout.numel());
   buckets_ = plan_buckets(layout, bucket_cap_bytes, static_cast<int64_t>(dtype_size(reduce_dtype)));
   for (const FlatEntry& e : layout.entries()) tensor_names_.push_back(e.name);
   bucket_of_param_.assign(layout.size(), -1);

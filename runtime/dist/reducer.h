@@ -23,6 +23,7 @@
 #include "comm/communicator.h"
 #include "runtime/core/flat_layout.h"
 #include "runtime/core/tensor.h"
+#include "runtime/dist/shard_plan.h"
 
 namespace ampdist {
 
@@ -46,10 +47,10 @@ class Reducer {
 
   enum class Mode { kAllreduce, kReduceScatter };
 
-  // grads: the flat FP32 gradient buffer [layout.numel()]. slice_counts: empty for kAllreduce; otherwise each rank's
-  // slice length in rank order (summing to layout.numel()), for kReduceScatter.
+  // grads: the flat FP32 gradient buffer [layout.numel()]. plan: kAllreduce unsharded; kReduceScatter onto the
+  // plan's slices of the flat space when sharded. Throws Error when the plan's world is not the communicator's.
   Reducer(Communicator& comm, Tensor grads, const FlatLayout& layout, int64_t bucket_cap_bytes, DType reduce_dtype,
-          std::span<const int64_t> slice_counts = {});
+          const ShardPlan& plan = {});
 
   const std::vector<BucketLayout>& buckets() const { return buckets_; }
   Mode mode() const { return mode_; }

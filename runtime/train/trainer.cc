@@ -39,10 +39,9 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   model_->collect_parameters(params_);
   model_->collect_buffers(buffer_list_);
   if (!buffer_list_.empty()) buffers_ = std::make_unique<ModelBuffers>(buffer_list_, device_);  // on the step's device
-  // ZeRO stage 1: this rank's slice of the master weights and optimizer state (the stage decided once: zero_stage).
-  const bool sharded = zero_stage(cfg_) == 1;
-  masters_ = bind_parameters(params_, working, device_, cfg_.train().seed(),
-                             sharded ? MasterSlice{comm_.rank(), comm_.world_size()} : MasterSlice{});
+  // The ZeRO stage, decided once (zero_stage): the plan gives the master weights their slice and the Reducer its mode.
+  plan_ = ShardPlan(zero_stage(cfg_), comm_.rank(), comm_.world_size());
+  masters_ = bind_parameters(params_, working, device_, cfg_.train().seed(), plan_.master_slice());
   if (!cfg_.model().init_from().empty()) {
     // Pretrained weights over the random ones: master slice, working copy and FP32 copies alike (fill).
     const PretrainedSource source(cfg_.model().init_from(), masters_->layout(),
@@ -53,10 +52,10 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   const int64_t cap_bytes = static_cast<int64_t>(cfg_.comm().bucket_cap_mb() * 1024.0 * 1024.0);
   reducer_ = std::make_unique<Reducer>(comm_, masters_->grads(), masters_->layout(), std::max<int64_t>(cap_bytes, 1),
                                        resolve_dtype(cfg_.comm().reduce_dtype(), Device::kCPU),  // AUTO: FP32
-                                       masters_->slice_counts());
+                                       plan_);
   optimizer_ = make_optimizer(cfg_.optimizer(), masters_->slice_count(), device_);
   if (cfg_.optimizer().no_decay_size() > 0) optimizer_->set_no_decay(no_decay_ranges(cfg_.optimizer(), *masters_));
-  if (sharded) rank_sums_ = Tensor::zeros({4 * static_cast<int64_t>(comm_.world_size())}, DType::kFloat16, device_);
+  if (plan_.sharded()) rank_sums_ = Tensor::zeros({4 * static_cast<int64_t>(comm_.world_size())}, DType::kFloat16, device_);
   grad_ctx_.on_grad_ready = [this](Parameter& p) { on_grad_ready(p); };
 
   const int accumulation = cfg_.optimizer().accumulation_steps();

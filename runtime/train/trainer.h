@@ -25,6 +25,7 @@
 #include "comm/communicator.h"
 #include "runtime/dist/consensus.h"
 #include "runtime/dist/reducer.h"
+#include "runtime/dist/shard_plan.h"
 #include "runtime/amp/autocast.h"
 #include "runtime/amp/loss_scaler.h"
 #include "runtime/amp/master_weights.h"
@@ -127,10 +128,11 @@ class Trainer {
   int64_t micro_batch_size() const { return micro_batch_; }
   const DueSteps& due() const { return *due_; }
 
-  // optimizer.zero_stage 1 (or comm.mode REDUCE_SCATTER): each rank holds only its slice of the master weights and
-  // the optimizer moments (masters().master(), the optimizer's state), and the working copy is all-gathered after
-  // every applied step.
-  bool sharded() const { return masters_->sharded(); }
+  // The run's shard plan (runtime/dist/shard_plan.h), decided once from optimizer.zero_stage. Sharded (stage 1): each
+  // rank holds only its slice of the master weights and the optimizer moments (masters().master(), the optimizer's
+  // state), and the working copy is all-gathered after every applied step.
+  const ShardPlan& shard_plan() const { return plan_; }
+  bool sharded() const { return plan_.sharded(); }
   // XXH3-64 of the whole FP32 master buffer, the same on every rank. Collective when sharded (each rank's slice is
   // broadcast in chunks and hashed in order, so the result equals the hash of a replicated run's buffer).
   uint64_t master_hash();
@@ -194,6 +196,7 @@ class Trainer {
   std::vector<Parameter*> params_;
   std::vector<Buffer*> buffer_list_;
   std::unique_ptr<ModelBuffers> buffers_;
+  ShardPlan plan_;
   std::unique_ptr<MasterWeights> masters_;
   LossScaler scaler_policy_;  // mode and rule; its state is the run's initial one, never updated
   std::unique_ptr<Reducer> reducer_;

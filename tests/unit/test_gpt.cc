@@ -498,7 +498,6 @@ TEST(GptModel, Fp16LargeInitKeepsLossFinite) {
   std::vector<Parameter*> params;
   model.collect_parameters(params);
   auto masters = bind_parameters(params, DType::kFloat16, Device::kCPU, 9);
-  MasterWeights& mw = *masters;
   model.set_mode(true, 1);
   LanguageModelLoss crit(model);
   const double loss = crit.forward(model.forward(windows(cfg, 2)), {});
