@@ -12,9 +12,9 @@ namespace ampdist {
 
 StepResult Trainer::step() {
   if (!loader_) throw Error("Trainer::step(): no training dataset; use step(micro_batches, global_samples)");
-  phase_begin(Phase::kDataWait);
+  observers_.phase_begin(Phase::kDataWait);
   const StepBatch& batch = loader_->next();
-  phase_end(Phase::kDataWait);
+  observers_.phase_end(Phase::kDataWait);
   return step(batch.micro, batch.global_samples);
 }
 
@@ -25,14 +25,13 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   r.global_samples = global_samples;
   comm_.set_step(iteration_);
   model_->set_mode(true, iteration_);  // dropout masks are keyed by the iteration
-  faults_.before_step(iteration_);
+  observers_.begin_step(iteration_);
   const bool drop_mode = cfg_.precision().on_nonfinite() == DROP_RANK;
   StepState* st = state_->get();  // where the step runs: fields are handed to kernels and collectives as pointers
-  if (numerics_) numerics_->begin_step();
 
   state_->begin_step();  // found_inf = 0, sum_sq = 0, the unscale factor 1/S
   if (buffers_) buffers_->begin_step();  // the forward updates the staged copy only
-  phase_begin(Phase::kForward);
+  observers_.phase_begin(Phase::kForward);
   masters_->ensure_working();  // a pass only when the last update did not write the working copy (first step, load)
   // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
   // neither accumulation nor world size changes the gradient; the scale multiplies it once. A criterion with the
@@ -49,22 +48,24 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   double host_loss = 0.0;
   int64_t local_samples = 0;
   for (size_t k = 0; k < micro.size(); ++k) {
-    final_micro_ = k + 1 == micro.size();
+    const bool final_micro = k + 1 == micro.size();
     local_samples += micro[k].size();
-    reducer_->begin_backward(final_micro_ && !drop_mode);  // DROP_RANK reduces only after the local check
-    if (k > 0) phase_begin(Phase::kForward);
+    reducer_->begin_backward(final_micro && !drop_mode);  // DROP_RANK reduces only after the local check
+    if (k > 0) observers_.phase_begin(Phase::kForward);
     const Tensor& x = device_input(micro[k], k);
-    observing_ = true;
-    first_micro_ = k == 0;
-    const Tensor& logits = model_->forward(x);
-    observing_ = false;
-    host_loss += criterion_->forward(logits, micro[k].y);  // 0 with the state path
-    phase_end(Phase::kForward);
-    phase_begin(Phase::kBackward);
+    host_loss += criterion_->forward(observed_forward(x, k), micro[k].y);  // 0 with the state path
+    observers_.phase_end(Phase::kForward);
+    observers_.phase_begin(Phase::kBackward);
     grad_ctx_.accumulate = k > 0;
     grad_ctx_.need_input_grad = false;
+    // Each parameter's gradient goes to its bucket as soon as it is final; in the last micro-batch the observers see
+    // it first (a fault drill writes into it, the numerics report reads it).
+    grad_ctx_.on_grad_ready = [this, final_micro](Parameter& p) {
+      if (final_micro) observers_.gradient(p, iteration_);
+      reducer_->mark_ready(p.index);
+    };
     model_->backward(criterion_->backward(grad_scale), grad_ctx_);
-    phase_end(Phase::kBackward);
+    observers_.phase_end(Phase::kBackward);
   }
   criterion_->set_device_step(nullptr, nullptr, 1.0);
   host_loss_since_read_ += host_loss / static_cast<double>(global_samples);
@@ -72,20 +73,20 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
     drop_nonfinite_ranks(local_samples, global_samples);
     reducer_->begin_backward(true);  // wait() launches every bucket
   }
-  phase_begin(Phase::kCommWait);
+  observers_.phase_begin(Phase::kCommWait);
   reducer_->wait();  // on the GPU: the compute stream waits for the bucket reductions, the host does not
-  phase_end(Phase::kCommWait);
+  observers_.phase_end(Phase::kCommWait);
 
   // One fused pass over the reduced gradient this rank holds: unscale, find non-finite values, sum squares.
-  phase_begin(Phase::kUnscaleConsensus);
+  observers_.phase_begin(Phase::kUnscaleConsensus);
   for (const GradSpan& s : reducer_->owned()) {
     Tensor g = Tensor::view(masters_->grads().data_as<float>() + s.begin, {s.count}, DType::kFloat32, device_);
     kernels::unscale_and_check(g, &st->inv_scale, &st->found_inf, &st->sum_sq);
   }
   consensus_.agree(consensus_fields(), stop_request().load());
-  phase_end(Phase::kUnscaleConsensus);
+  observers_.phase_end(Phase::kUnscaleConsensus);
 
-  phase_begin(Phase::kOptimizer);
+  observers_.phase_begin(Phase::kOptimizer);
   if (sharded()) reduce_slice_sums(comm_, *state_, rank_sums_);  // the global norm from every rank's slice
   finish_step(*state_, step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update
   Tensor grads = masters_->grad_slice();
@@ -98,26 +99,33 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   if (sharded()) publish(*masters_, comm_);
   // Model buffers: committed on the device only by an applied step (the commit reads the agreed flag there).
   if (buffers_) commit_buffers();
-  // The numerics report (opt-in observability) needs the flag on the host: its one read per step.
-  const bool skipped_here = numerics_ != nullptr && agreed_found_inf();
-  phase_end(Phase::kOptimizer);
-  if (timer_) timer_->end_step();
+  observers_.phase_end(Phase::kOptimizer);
 
-  // ---- numerics report (observability): the flag and the iteration are agreed, so every rank reduces alike ----
-  if (numerics_) {
-    const int64_t every = cfg_.precision().numerics_report_every();
-    const bool first_bad = skipped_here && !reported_first_nonfinite_;
-    if (first_bad || iteration_ % every == 0) {
-      r.numerics = std::make_shared<const NumericsReport>(numerics_->reduce(comm_, iteration_));
-      reported_first_nonfinite_ |= skipped_here;
-    }
-  }
+  StepEnd end;
+  end.iteration = iteration_;
+  end.comm = &comm_;
+  end.agreed_found_inf = [this] { return agreed_found_inf(); };
+  observers_.end_step(end);
+  r.numerics = std::move(end.numerics);
   if (reads_ == StateReads::kEveryStep || due_->read(iteration_)) read_state(r);
   return r;
 }
 
+const Tensor& Trainer::observed_forward(const Tensor& x, size_t micro) {
+  if (!observed_) return model_->forward(x);
+  // The layers' outputs go to the observers in this training forward only (evaluation forwards are not observed).
+  struct Unhook {
+    Sequential* seq;
+    ~Unhook() { seq->forward_observer = nullptr; }
+  } unhook{observed_};
+  observed_->forward_observer = [this, micro](size_t i, Module& m, Tensor& y) {
+    observers_.layer_output(i, m, y, micro, iteration_);
+  };
+  return model_->forward(x);
+}
+
 const Tensor& Trainer::device_input(const MicroBatch& mb, size_t k) {
-  const Tensor& x_host = k == 0 ? faults_.input(mb.x, iteration_) : mb.x;
+  const Tensor& x_host = k == 0 ? observers_.input(mb.x, iteration_) : mb.x;
   if (device_ == Device::kCPU || model_->takes_host_input()) return x_host;
   if (x_dev_.size() <= k) x_dev_.resize(k + 1);
   x_dev_[k].ensure(x_host.shape(), x_host.dtype(), device_);
@@ -164,14 +172,6 @@ bool Trainer::agreed_found_inf() {
   int32_t v = 0;
   device::read_to_host(&v, &state_->get()->agreed_found_inf, device_, sizeof v);
   return v != 0;
-}
-
-void Trainer::on_grad_ready(Parameter& p) {
-  if (final_micro_) {
-    faults_.gradient(p, iteration_);
-    if (numerics_) numerics_->on_gradient(p.name, p.grad);
-  }
-  reducer_->mark_ready(p.index);
 }
 
 }  // namespace ampdist

@@ -23,8 +23,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
       criterion_(std::move(criterion)),
       train_(std::move(train)),
       test_(std::move(test)),
-      consensus_(comm),
-      faults_(cfg.fault(), comm.rank()) {
+      consensus_(comm) {
   const DType working = resolve_dtype(cfg_.precision().dtype(), device_,
                                       device_ == Device::kCUDA && device::properties(device::current_device()).bf16);
   if (device_ == Device::kCUDA) kernels::gpu::set_allow_tf32(cfg_.precision().allow_tf32());
@@ -56,7 +55,6 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   optimizer_ = make_optimizer(cfg_.optimizer(), masters_->slice_count(), device_);
   if (cfg_.optimizer().no_decay_size() > 0) optimizer_->set_no_decay(no_decay_ranges(cfg_.optimizer(), *masters_));
   if (plan_.sharded()) rank_sums_ = Tensor::zeros({4 * static_cast<int64_t>(comm_.world_size())}, DType::kFloat16, device_);
-  grad_ctx_.on_grad_ready = [this](Parameter& p) { on_grad_ready(p); };
 
   const int accumulation = cfg_.optimizer().accumulation_steps();
   if (train_) {

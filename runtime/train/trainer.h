@@ -8,7 +8,7 @@
 // are the gradient reduction (buckets) and the one consensus all-reduce (plus DROP_RANK's count all-reduce).
 //
 // Files: trainer.cc (construction), step.cc (the step), evaluate.cc, train_state.cc (reading the step state,
-// checkpoint save and restore), observers.cc (numerics report, phase timing), faults.h (fault drills),
+// checkpoint save and restore), observers.cc (the step's observers: phase timing, fault drills, numerics report; step_observer.h), faults.h (the drills),
 // due_steps.h (when the loop logs, saves, evaluates and reads), model_factory.cc (make_trainer).
 #pragma once
 
@@ -41,6 +41,7 @@
 #include "runtime/train/due_steps.h"
 #include "runtime/train/faults.h"
 #include "runtime/train/memory_estimate.h"
+#include "runtime/train/step_observer.h"
 
 namespace ampdist {
 
@@ -162,11 +163,12 @@ class Trainer {
 
   // The step's phase timer (log.phase_timing; null when off): host clocks on the CPU, CUDA events on the GPU. The
   // training loop collects it at log steps and times checkpoint saves with it.
-  PhaseTimer* phase_timer() { return timer_.get(); }
+  PhaseTimer* phase_timer() { return timer_; }
 
  private:
   // ---- step.cc
-  void on_grad_ready(Parameter& p);
+  // The model's training forward of micro-batch `micro`, its layers' outputs shown to the observers.
+  const Tensor& observed_forward(const Tensor& x, size_t micro);
   // The input of micro-batch k on the step's device (the host tensor when the model reads its input there).
   const Tensor& device_input(const MicroBatch& mb, size_t k);
   // DROP_RANK: the ranks whose own gradient is non-finite contribute zeros; the unscale factor corrects the mean.
@@ -183,9 +185,6 @@ class Trainer {
   void write_state();              // snapshot_'s scaler state and step counts -> the step state (set-up, restore)
   // ---- observers.cc
   void setup_observers();
-  void on_layer_output(size_t index, Module& layer, Tensor& y);
-  void phase_begin(Phase p) { if (timer_) timer_->begin(p); }
-  void phase_end(Phase p) { if (timer_) timer_->end(p); }
 
   RunConfig cfg_;
   Communicator& comm_;
@@ -208,12 +207,10 @@ class Trainer {
   std::unique_ptr<Loader> loader_;
   std::optional<DistributedSampler> sampler_;
   std::unique_ptr<DueSteps> due_;
-  FaultHook faults_;
   StateReads reads_ = StateReads::kEveryStep;
   int64_t micro_batch_ = 0, total_steps_ = 0, iteration_ = 0;
   int threads_ = 1;
   GradContext grad_ctx_;
-  bool final_micro_ = false;
   double host_loss_since_read_ = 0.0;  // losses of criteria without the state path, since the last read
   std::vector<Tensor> x_dev_;          // inputs copied to the GPU, per micro-batch
   Tensor eval_x_, eval_x_dev_;
@@ -223,12 +220,10 @@ class Trainer {
   Tensor rank_sums_;   // sharded: every rank's sum of squares (a double as 4 x 16 bits each), on the step's device
   std::string run_id_;
 
-  // ---- observability (runtime/obs)
-  std::unique_ptr<PhaseTimer> timer_;
-  std::unique_ptr<NumericsMonitor> numerics_;
-  bool observing_ = false;  // inside a training step's forward (evaluation is not observed)
-  bool first_micro_ = false;
-  bool reported_first_nonfinite_ = false;
+  // ---- the step's observers (train/step_observer.h): phase timing, fault drills, the numerics report
+  StepObservers observers_;
+  PhaseTimer* timer_ = nullptr;    // the phase timing observer's timer (null when log.phase_timing is off)
+  Sequential* observed_ = nullptr;  // the model, when its layers' outputs are observed
 };
 
 // What a config describes, built but not allocated: its datasets (data {...}), its model (model {...}; parameters
