@@ -3,18 +3,11 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/kernels/kernels.h"
 
 namespace ampdist {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// max |x| over a tensor on either device, +inf when any element is inf or NaN.
-double max_abs(const Tensor& t) {
-  const kernels::AbsStats s = kernels::abs_stats(t, 0.0f);
-  return s.nonfinite ? kInf : static_cast<double>(s.max_abs);
-}
 
 }  // namespace
 
@@ -57,10 +50,10 @@ int NumericsMonitor::layer_of(const std::string& param_name) const {
   return -1;
 }
 
-void NumericsMonitor::on_activation(size_t index, const Tensor& y) {
+void NumericsMonitor::on_activation(size_t index, const ValueStats& y) {
   const int64_t pos = events_++;
   if (index >= names_.size()) return;
-  const double m = max_abs(y);
+  const double m = y.nonfinite ? kInf : y.max_abs;
   act_max_[index] = std::max(act_max_[index], m);
   if (std::isinf(m) && first_pos_ < 0) {
     first_pos_ = pos;
@@ -69,14 +62,13 @@ void NumericsMonitor::on_activation(size_t index, const Tensor& y) {
   }
 }
 
-void NumericsMonitor::on_gradient(const std::string& param_name, const Tensor& grad) {
+void NumericsMonitor::on_gradient(const std::string& param_name, const ValueStats& s) {
   const int64_t pos = events_++;
   const int l = layer_of(param_name);
   if (l < 0) return;
-  const kernels::AbsStats s = kernels::abs_stats(grad, static_cast<float>(underflow_threshold(working_)));
   const bool bad = s.nonfinite;
-  grad_max_[l] = std::max(grad_max_[l], bad ? kInf : static_cast<double>(s.max_abs));
-  grad_elems_[l] += grad.numel();
+  grad_max_[l] = std::max(grad_max_[l], bad ? kInf : s.max_abs);
+  grad_elems_[l] += s.elements;
   grad_under_[l] += s.below;
   if (bad && first_pos_ < 0) {
     first_pos_ = pos;

@@ -19,7 +19,6 @@
 
 #include "comm/communicator.h"
 #include "runtime/core/dtype.h"
-#include "runtime/core/tensor.h"
 
 namespace ampdist {
 
@@ -45,6 +44,14 @@ struct NumericsReport {
   double headroom_bits(const LayerNumerics& l) const;
 };
 
+// What the monitor records of one tensor, computed where the tensor lives by the caller (kernels::abs_stats).
+struct ValueStats {
+  double max_abs = 0.0;    // max |x| over the finite elements
+  bool nonfinite = false;  // some element is inf or NaN
+  int64_t below = 0;       // elements with 0 < |x| <= the threshold the stats were taken with
+  int64_t elements = 0;    // elements inspected
+};
+
 // Collects the statistics of one step. Layer names in forward order; a parameter belongs to the layer whose name
 // is its name before the last '.' ("fc1.weight" -> "fc1").
 class NumericsMonitor {
@@ -52,10 +59,11 @@ class NumericsMonitor {
   NumericsMonitor(std::vector<std::string> layer_names, DType working);
 
   void begin_step();
-  // After layer `index`'s forward (any dtype).
-  void on_activation(size_t index, const Tensor& y);
-  // After a parameter's gradient is complete for the step (FP32 view, before the reduction).
-  void on_gradient(const std::string& param_name, const Tensor& grad);
+  // After layer `index`'s forward: the statistics of its output (any dtype; `below` is not used).
+  void on_activation(size_t index, const ValueStats& y);
+  // After a parameter's gradient is complete for the step (FP32, before the reduction): its statistics, `below`
+  // counted at underflow_threshold(working dtype).
+  void on_gradient(const std::string& param_name, const ValueStats& grad);
   // Combines this step's statistics over ranks (collective: every rank calls it at the same step) into a report.
   NumericsReport reduce(Communicator& comm, int64_t step) const;
 

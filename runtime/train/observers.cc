@@ -1,6 +1,7 @@
 // The step's observers (train/step_observer.h): phase timing, fault drills and the per-layer numerics report, on
 // either backend (a device tensor's statistics are reduced on the device; the GPU's phases are timed with CUDA
 // events).
+#include "runtime/kernels/kernels.h"
 #include "runtime/train/trainer.h"
 
 namespace ampdist {
@@ -41,10 +42,13 @@ class FaultDrills : public StepObserver {
 class NumericsReporting : public StepObserver {
  public:
   NumericsReporting(std::vector<std::string> layers, DType working, int64_t every)
-      : monitor_(std::move(layers), working), every_(every) {}
+      : monitor_(std::move(layers), working), every_(every),
+        underflow_(NumericsMonitor::underflow_threshold(working)) {}
   void begin_step(int64_t) override { monitor_.begin_step(); }
-  void layer_output(size_t index, Module&, Tensor& y, size_t, int64_t) override { monitor_.on_activation(index, y); }
-  void gradient(Parameter& p, int64_t) override { monitor_.on_gradient(p.name, p.grad); }
+  void layer_output(size_t index, Module&, Tensor& y, size_t, int64_t) override {
+    monitor_.on_activation(index, stats_of(y, 0.0));
+  }
+  void gradient(Parameter& p, int64_t) override { monitor_.on_gradient(p.name, stats_of(p.grad, underflow_)); }
   void end_step(StepEnd& end) override {
     const bool skipped = end.agreed_found_inf();  // the report's one read of the step state per step
     const bool first_bad = skipped && !reported_first_nonfinite_;
@@ -54,8 +58,15 @@ class NumericsReporting : public StepObserver {
   }
 
  private:
+  // One tensor's statistics, reduced where it lives (a device tensor's on the device).
+  static ValueStats stats_of(const Tensor& t, double threshold) {
+    const kernels::AbsStats s = kernels::abs_stats(t, static_cast<float>(threshold));
+    return {static_cast<double>(s.max_abs), s.nonfinite, s.below, t.numel()};
+  }
+
   NumericsMonitor monitor_;
   int64_t every_;
+  double underflow_;
   bool reported_first_nonfinite_ = false;
 };
 

@@ -15,6 +15,8 @@
 #include "tests/unit/solo_comm.h"
 #include "comm/communicator.h"
 #include "runtime/core/error.h"
+#include "runtime/core/tensor.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/obs/event_writer.h"
 #include "runtime/obs/metrics_sink.h"
 #include "runtime/obs/numerics.h"
@@ -176,6 +178,12 @@ TEST(PhaseTimer, ScopeBeginsAndEndsItsPhaseAndANullScopeTouchesNothing) {
 
 // ---- numerics monitor -------------------------------------------------------------------------------------
 
+// A tensor's statistics as the trainer's numerics observer takes them: kernels::abs_stats at `threshold`.
+ValueStats stats(const Tensor& t, double threshold = 0.0) {
+  const kernels::AbsStats s = kernels::abs_stats(t, static_cast<float>(threshold));
+  return {static_cast<double>(s.max_abs), s.nonfinite, s.below, t.numel()};
+}
+
 TEST(Numerics, MaximaUnderflowAndHeadroom) {
   ObsSoloComm comm;
   NumericsMonitor m({"fc1", "act1", "fc2"}, DType::kFloat16);
@@ -183,10 +191,10 @@ TEST(Numerics, MaximaUnderflowAndHeadroom) {
   Tensor a = Tensor::zeros({2, 2}, DType::kFloat16);
   a.data_as<half>()[0] = half(-3.0f);
   a.data_as<half>()[3] = half(2.0f);
-  m.on_activation(0, a);
+  m.on_activation(0, stats(a));
   Tensor b = Tensor::zeros({1, 2}, DType::kFloat16);
   b.data_as<half>()[1] = half(1024.0f);
-  m.on_activation(1, b);
+  m.on_activation(1, stats(b));
   Tensor g = Tensor::zeros({5}, DType::kFloat32);
   float* gp = g.data_as<float>();
   gp[0] = 1e-8f;                          // below 2^-25 (2.98e-8): rounds to zero in fp16
@@ -194,7 +202,7 @@ TEST(Numerics, MaximaUnderflowAndHeadroom) {
   gp[2] = 4e-8f;                          // above it: rounds to the subnormal 2^-24
   gp[3] = -0.5f;                          // max |g|
   gp[4] = 0.0f;                           // zero is not an underflow
-  m.on_gradient("fc2.weight", g);
+  m.on_gradient("fc2.weight", stats(g, NumericsMonitor::underflow_threshold(DType::kFloat16)));
   const NumericsReport r = m.reduce(comm, 7);
   ASSERT_EQ(r.layers.size(), 3u);
   EXPECT_EQ(r.step, 7);
@@ -218,12 +226,12 @@ TEST(Numerics, FirstNonFiniteIsForwardBeforeBackward) {
   Tensor ok = Tensor::zeros({1, 2}, DType::kBFloat16);
   Tensor bad = Tensor::zeros({1, 2}, DType::kBFloat16);
   bad.data_as<bfloat16>()[1] = bfloat16(std::numeric_limits<float>::quiet_NaN());
-  m.on_activation(0, ok);
-  m.on_activation(1, bad);  // the first non-finite value: act1's forward output
-  m.on_activation(2, bad);
+  m.on_activation(0, stats(ok));
+  m.on_activation(1, stats(bad));  // the first non-finite value: act1's forward output
+  m.on_activation(2, stats(bad));
   Tensor g = Tensor::zeros({2}, DType::kFloat32);
   g.data_as<float>()[0] = std::numeric_limits<float>::infinity();
-  m.on_gradient("fc2.weight", g);
+  m.on_gradient("fc2.weight", stats(g));
   NumericsReport r = m.reduce(comm, 3);
   EXPECT_EQ(r.first_nonfinite_layer, "act1");
   EXPECT_EQ(r.first_nonfinite_pass, "forward");
@@ -232,8 +240,8 @@ TEST(Numerics, FirstNonFiniteIsForwardBeforeBackward) {
   EXPECT_EQ(r.headroom_bits(r.layers[1]), -std::numeric_limits<double>::infinity());
 
   m.begin_step();  // a new step forgets the old one
-  m.on_activation(0, ok);
-  m.on_gradient("fc2.bias", g);
+  m.on_activation(0, stats(ok));
+  m.on_gradient("fc2.bias", stats(g));
   r = m.reduce(comm, 4);
   EXPECT_EQ(r.first_nonfinite_layer, "fc2");
   EXPECT_EQ(r.first_nonfinite_pass, "backward");
