@@ -251,206 +251,235 @@ void validate_for_device(const RunConfig& cfg, Device device, const std::string&
                                "use --device cpu, or rebuild where cudnn.h and libcudnn are found");
 }
 
-void validate_config(const RunConfig& cfg, const std::string& source) {
-  check_strings(cfg, "", source);
-  auto fail = [&](const std::string& field, const std::string& rule, const std::string& got) {
+namespace {
+
+// The checks of validate_config, one config section each. Every failure is BadInput naming `source` and the field.
+struct FieldCheck {
+  const std::string& source;
+  [[noreturn]] void fail(const std::string& field, const std::string& rule, const std::string& got) const {
     throw BadInput(source, field + " " + rule + ", got " + got);
-  };
-  auto positive = [&](const std::string& field, double v) {
+  }
+  void positive(const std::string& field, double v) const {
     if (!(v > 0) || !std::isfinite(v)) fail(field, "must be > 0", str(v));
-  };
-  auto non_negative = [&](const std::string& field, double v) {
+  }
+  void non_negative(const std::string& field, double v) const {
     if (!(v >= 0) || !std::isfinite(v)) fail(field, "must be >= 0", str(v));
-  };
-  auto in_unit = [&](const std::string& field, double v) {  // [0, 1)
+  }
+  void in_unit(const std::string& field, double v) const {  // [0, 1)
     if (!(v >= 0 && v < 1)) fail(field, "must be in [0, 1)", str(v));
-  };
+  }
+};
 
-  if (cfg.has_name() && (cfg.name().empty() || cfg.name().find('/') != std::string::npos || cfg.name() == "." ||
-                         cfg.name() == ".."))
-    fail("name", "must be a plain name (it names the run directory runs/<name>)", "\"" + cfg.name() + "\"");
-
+void check_model(const RunConfig& cfg, const FieldCheck& c) {
+  const std::string& source = c.source;
   const DataConfig& d = cfg.data();
-  // model
   if (!cfg.has_model() || cfg.model().kind_case() == ModelConfig::KIND_NOT_SET)
     throw BadInput(source, "model: set mlp { ... }, gpt { ... }, cnn { ... } or resnet { ... }");
   const bool conv_model = cfg.model().has_cnn() || cfg.model().has_resnet();
   if (conv_model && d.kind_case() != DataConfig::kIdx &&
       !(d.has_synthetic() && d.synthetic().image_shape_size() == 3))
-    fail("data", std::string("model.") + (cfg.model().has_cnn() ? "cnn" : "resnet") +
+    c.fail("data", std::string("model.") + (cfg.model().has_cnn() ? "cnn" : "resnet") +
                      " needs images: idx { ... } or synthetic { image_shape: [C, H, W] }",
          d.has_synthetic() ? "synthetic feature vectors" : "token data");
   if (cfg.model().has_cnn() && cfg.model().cnn().conv_size() == 0)
-    fail("model.cnn.conv", "must list at least one convolution", "none");
+    c.fail("model.cnn.conv", "must list at least one convolution", "none");
   for (int i = 0; i < cfg.model().cnn().conv_size(); ++i)
-    positive("model.cnn.conv[" + std::to_string(i) + "].channels",
+    c.positive("model.cnn.conv[" + std::to_string(i) + "].channels",
              static_cast<double>(cfg.model().cnn().conv(i).channels()));
   if (cfg.model().has_resnet() && cfg.model().resnet().depth() != 18 && cfg.model().resnet().depth() != 34)
-    fail("model.resnet.depth", "must be 18 or 34", str(cfg.model().resnet().depth()));
+    c.fail("model.resnet.depth", "must be 18 or 34", str(cfg.model().resnet().depth()));
   if (cfg.model().has_resnet() && cfg.model().resnet().stem() == RESNET_STEM_UNSPECIFIED)
-    fail("model.resnet.stem", "must be IMAGENET or SMALL", "RESNET_STEM_UNSPECIFIED");
+    c.fail("model.resnet.stem", "must be IMAGENET or SMALL", "RESNET_STEM_UNSPECIFIED");
   if (cfg.model().sync_batchnorm() && !conv_model)
-    fail("model.sync_batchnorm", "applies to cnn { ... } and resnet { ... } models only", "true");
+    c.fail("model.sync_batchnorm", "applies to cnn { ... } and resnet { ... } models only", "true");
   for (int i = 0; i < cfg.model().mlp().hidden_size(); ++i)
-    positive("model.mlp.hidden[" + std::to_string(i) + "]", static_cast<double>(cfg.model().mlp().hidden(i)));
+    c.positive("model.mlp.hidden[" + std::to_string(i) + "]", static_cast<double>(cfg.model().mlp().hidden(i)));
+}
 
-  // data
+// data { ... }, and the GPT model's fields, which go with its token data.
+void check_data(const RunConfig& cfg, const FieldCheck& c) {
+  const std::string& source = c.source;
+  const DataConfig& d = cfg.data();
   if (d.kind_case() == DataConfig::KIND_NOT_SET) throw BadInput(source, "data: set idx { ... } or synthetic { ... }");
-  positive("data.global_batch_size", static_cast<double>(d.global_batch_size()));
-  positive("data.prefetch_steps", d.prefetch_steps());
-  if (d.prefetch_steps() > 64) fail("data.prefetch_steps", "must be <= 64", str(d.prefetch_steps()));
-  if (d.eval_batch_size() < 0) fail("data.eval_batch_size", "must be >= 0 (0: the training micro-batch)", str(d.eval_batch_size()));
+  c.positive("data.global_batch_size", static_cast<double>(d.global_batch_size()));
+  c.positive("data.prefetch_steps", d.prefetch_steps());
+  if (d.prefetch_steps() > 64) c.fail("data.prefetch_steps", "must be <= 64", str(d.prefetch_steps()));
+  if (d.eval_batch_size() < 0) c.fail("data.eval_batch_size", "must be >= 0 (0: the training micro-batch)", str(d.eval_batch_size()));
   if (d.has_idx()) {
-    if (d.idx().dir().empty()) fail("data.idx.dir", "must name a directory", "\"\"");
-    positive("data.idx.std", d.idx().std());
-    if (!std::isfinite(d.idx().mean())) fail("data.idx.mean", "must be finite", str(d.idx().mean()));
+    if (d.idx().dir().empty()) c.fail("data.idx.dir", "must name a directory", "\"\"");
+    c.positive("data.idx.std", d.idx().std());
+    if (!std::isfinite(d.idx().mean())) c.fail("data.idx.mean", "must be finite", str(d.idx().mean()));
   }
   if (cfg.model().has_gpt()) {
     const GptConfig& g = cfg.model().gpt();
-    positive("model.gpt.n_head", g.n_head());
-    positive("model.gpt.n_embd", g.n_embd());
-    positive("model.gpt.seq_len", g.seq_len());
-    non_negative("model.gpt.n_layer", g.n_layer());
+    c.positive("model.gpt.n_head", g.n_head());
+    c.positive("model.gpt.n_embd", g.n_embd());
+    c.positive("model.gpt.seq_len", g.seq_len());
+    c.non_negative("model.gpt.n_layer", g.n_layer());
     if (g.n_embd() % std::max(g.n_head(), 1) != 0)
-      fail("model.gpt.n_embd", "must be a multiple of model.gpt.n_head (" + str(g.n_head()) + ")", str(g.n_embd()));
+      c.fail("model.gpt.n_embd", "must be a multiple of model.gpt.n_head (" + str(g.n_head()) + ")", str(g.n_embd()));
     if (g.vocab_size() < 2 || g.vocab_size() > 65536)
-      fail("model.gpt.vocab_size", "must be in [2, 65536] (uint16 tokens)", str(g.vocab_size()));
-    in_unit("model.gpt.dropout", g.dropout());
-    positive("model.gpt.init_scale", g.init_scale());
+      c.fail("model.gpt.vocab_size", "must be in [2, 65536] (uint16 tokens)", str(g.vocab_size()));
+    c.in_unit("model.gpt.dropout", g.dropout());
+    c.positive("model.gpt.init_scale", g.init_scale());
     if (g.padded_vocab_multiple() < 1 || g.padded_vocab_multiple() > 4096)
-      fail("model.gpt.padded_vocab_multiple", "must be in [1, 4096]", str(g.padded_vocab_multiple()));
-    non_negative("model.gpt.head_chunk_rows", g.head_chunk_rows());
-    if (!d.has_tokens() && !d.has_text()) fail("data", "a gpt model needs tokens { ... } or text { ... }", "unset");
+      c.fail("model.gpt.padded_vocab_multiple", "must be in [1, 4096]", str(g.padded_vocab_multiple()));
+    c.non_negative("model.gpt.head_chunk_rows", g.head_chunk_rows());
+    if (!d.has_tokens() && !d.has_text()) c.fail("data", "a gpt model needs tokens { ... } or text { ... }", "unset");
   } else if (d.has_tokens() || d.has_text()) {
-    fail("data", "tokens { ... } and text { ... } are read by model { gpt { ... } } only", "an mlp model");
+    c.fail("data", "tokens { ... } and text { ... } are read by model { gpt { ... } } only", "an mlp model");
   }
-  if (d.has_tokens()) non_negative("data.tokens.stride", static_cast<double>(d.tokens().stride()));
+  if (d.has_tokens()) c.non_negative("data.tokens.stride", static_cast<double>(d.tokens().stride()));
   if (d.has_text()) {
-    in_unit("data.text.val_fraction", d.text().val_fraction());
-    non_negative("data.text.stride", static_cast<double>(d.text().stride()));
-    if (d.text().paths().empty()) fail("data.text.paths", "must name at least one file or directory", "[]");
+    c.in_unit("data.text.val_fraction", d.text().val_fraction());
+    c.non_negative("data.text.stride", static_cast<double>(d.text().stride()));
+    if (d.text().paths().empty()) c.fail("data.text.paths", "must name at least one file or directory", "[]");
   }
   if (d.has_synthetic()) {
-    positive("data.synthetic.train_samples", static_cast<double>(d.synthetic().train_samples()));
-    positive("data.synthetic.test_samples", static_cast<double>(d.synthetic().test_samples()));
-    positive("data.synthetic.features", static_cast<double>(d.synthetic().features()));
-    if (d.synthetic().classes() < 2) fail("data.synthetic.classes", "must be >= 2", str(d.synthetic().classes()));
-    non_negative("data.synthetic.noise", d.synthetic().noise());
+    c.positive("data.synthetic.train_samples", static_cast<double>(d.synthetic().train_samples()));
+    c.positive("data.synthetic.test_samples", static_cast<double>(d.synthetic().test_samples()));
+    c.positive("data.synthetic.features", static_cast<double>(d.synthetic().features()));
+    if (d.synthetic().classes() < 2) c.fail("data.synthetic.classes", "must be >= 2", str(d.synthetic().classes()));
+    c.non_negative("data.synthetic.noise", d.synthetic().noise());
   }
+}
 
-  // optimizer
+void check_optimizer(const RunConfig& cfg, const FieldCheck& c) {
+  const std::string& source = c.source;
   const OptimizerConfig& o = cfg.optimizer();
-  positive("optimizer.lr", o.lr());
-  non_negative("optimizer.weight_decay", o.weight_decay());
-  non_negative("optimizer.clip_grad_norm", o.clip_grad_norm());
+  c.positive("optimizer.lr", o.lr());
+  c.non_negative("optimizer.weight_decay", o.weight_decay());
+  c.non_negative("optimizer.clip_grad_norm", o.clip_grad_norm());
   if (o.zero_stage() != 0 && o.zero_stage() != 1)
-    fail("optimizer.zero_stage", "must be 0 (replicated optimizer state) or 1 (sharded)", str(o.zero_stage()));
+    c.fail("optimizer.zero_stage", "must be 0 (replicated optimizer state) or 1 (sharded)", str(o.zero_stage()));
   for (int i = 0; i < o.no_decay_size(); ++i)
-    if (o.no_decay(i).empty()) fail("optimizer.no_decay[" + std::to_string(i) + "]", "must be a name pattern", "\"\"");
+    if (o.no_decay(i).empty()) c.fail("optimizer.no_decay[" + std::to_string(i) + "]", "must be a name pattern", "\"\"");
   if (cfg.model().has_init_from() && cfg.model().init_from().empty())
-    fail("model.init_from", "must name a safetensors file or a Hugging Face model directory", "\"\"");
+    c.fail("model.init_from", "must name a safetensors file or a Hugging Face model directory", "\"\"");
   if (o.accumulation_steps() < 1)
-    fail("optimizer.accumulation_steps", "must be >= 1", str(o.accumulation_steps()));
+    c.fail("optimizer.accumulation_steps", "must be >= 1", str(o.accumulation_steps()));
   if (o.has_sgd()) {
-    in_unit("optimizer.sgd.momentum", o.sgd().momentum());
+    c.in_unit("optimizer.sgd.momentum", o.sgd().momentum());
     if (!(o.sgd().dampening() >= 0 && o.sgd().dampening() <= 1))
-      fail("optimizer.sgd.dampening", "must be in [0, 1]", str(o.sgd().dampening()));
+      c.fail("optimizer.sgd.dampening", "must be in [0, 1]", str(o.sgd().dampening()));
     if (o.sgd().nesterov() && (o.sgd().momentum() <= 0 || o.sgd().dampening() != 0))
       throw BadInput(source, "optimizer.sgd.nesterov needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
   }
   if (o.has_adamw()) {
-    in_unit("optimizer.adamw.beta1", o.adamw().beta1());
-    in_unit("optimizer.adamw.beta2", o.adamw().beta2());
-    positive("optimizer.adamw.eps", o.adamw().eps());
+    c.in_unit("optimizer.adamw.beta1", o.adamw().beta1());
+    c.in_unit("optimizer.adamw.beta2", o.adamw().beta2());
+    c.positive("optimizer.adamw.eps", o.adamw().eps());
   }
   const ScheduleConfig& s = o.schedule();
-  if (s.kind() == SCHEDULE_UNSPECIFIED) fail("optimizer.schedule.kind", "must be CONSTANT or COSINE", "UNSPECIFIED");
-  non_negative("optimizer.schedule.warmup_steps", static_cast<double>(s.warmup_steps()));
-  non_negative("optimizer.schedule.total_steps", static_cast<double>(s.total_steps()));
-  non_negative("optimizer.schedule.min_lr", s.min_lr());
-  if (s.min_lr() > o.lr()) fail("optimizer.schedule.min_lr", "must be <= optimizer.lr", str(s.min_lr()));
+  if (s.kind() == SCHEDULE_UNSPECIFIED) c.fail("optimizer.schedule.kind", "must be CONSTANT or COSINE", "UNSPECIFIED");
+  c.non_negative("optimizer.schedule.warmup_steps", static_cast<double>(s.warmup_steps()));
+  c.non_negative("optimizer.schedule.total_steps", static_cast<double>(s.total_steps()));
+  c.non_negative("optimizer.schedule.min_lr", s.min_lr());
+  if (s.min_lr() > o.lr()) c.fail("optimizer.schedule.min_lr", "must be <= optimizer.lr", str(s.min_lr()));
+}
 
-  // precision
+void check_precision(const RunConfig& cfg, const FieldCheck& c) {
   const PrecisionConfig& p = cfg.precision();
-  if (p.dtype() == DTYPE_UNSPECIFIED) fail("precision.dtype", "must be FP32, FP16, BF16 or AUTO", "UNSPECIFIED");
+  if (p.dtype() == DTYPE_UNSPECIFIED) c.fail("precision.dtype", "must be FP32, FP16, BF16 or AUTO", "UNSPECIFIED");
   // A loss scale is a finite, normal FP32 number (so is its inverse): a zero, subnormal or infinite scale would
   // skip every step or never unscale (amp/scaler_rule.h, is_valid_loss_scale).
   auto loss_scale = [&](const std::string& field, float v) {
     if (!is_valid_loss_scale(v))
-      fail(field, "must be a finite, normal FP32 number in [1.17549e-38, 3.40282e+38] (a loss scale and its inverse "
+      c.fail(field, "must be a finite, normal FP32 number in [1.17549e-38, 3.40282e+38] (a loss scale and its inverse "
                   "must be representable)", str(v));
   };
   if (p.has_dynamic()) {
     const DynamicLossScaleConfig& dy = p.dynamic();
     loss_scale("precision.dynamic.init_scale", dy.init_scale());
     if (!(dy.growth_factor() > 1) || !std::isfinite(dy.growth_factor()))
-      fail("precision.dynamic.growth_factor", "must be > 1", str(dy.growth_factor()));
+      c.fail("precision.dynamic.growth_factor", "must be > 1", str(dy.growth_factor()));
     if (!(dy.backoff_factor() > 0 && dy.backoff_factor() < 1))
-      fail("precision.dynamic.backoff_factor", "must be in (0, 1)", str(dy.backoff_factor()));
-    if (dy.growth_interval() < 1) fail("precision.dynamic.growth_interval", "must be >= 1", str(dy.growth_interval()));
-    if (dy.hysteresis() < 1) fail("precision.dynamic.hysteresis", "must be >= 1", str(dy.hysteresis()));
+      c.fail("precision.dynamic.backoff_factor", "must be in (0, 1)", str(dy.backoff_factor()));
+    if (dy.growth_interval() < 1) c.fail("precision.dynamic.growth_interval", "must be >= 1", str(dy.growth_interval()));
+    if (dy.hysteresis() < 1) c.fail("precision.dynamic.hysteresis", "must be >= 1", str(dy.hysteresis()));
     loss_scale("precision.dynamic.min_scale", dy.min_scale());
     if (dy.min_scale() > dy.init_scale())
-      fail("precision.dynamic.min_scale", "must be <= precision.dynamic.init_scale", str(dy.min_scale()));
+      c.fail("precision.dynamic.min_scale", "must be <= precision.dynamic.init_scale", str(dy.min_scale()));
   }
   if (p.has_static_scale()) loss_scale("precision.static_scale.scale", p.static_scale().scale());
   for (const std::string& op : p.fp32_ops())
     if (!parse_op_kind(op))
-      fail("precision.fp32_ops", "must name ops of the autocast table (linear, relu, gelu, ...)", "\"" + op + "\"");
+      c.fail("precision.fp32_ops", "must name ops of the autocast table (linear, relu, gelu, ...)", "\"" + op + "\"");
+}
 
-  // comm
+void check_comm(const RunConfig& cfg, const FieldCheck& check) {
   const CommConfig& c = cfg.comm();
-  positive("comm.bucket_cap_mb", c.bucket_cap_mb());
+  check.positive("comm.bucket_cap_mb", c.bucket_cap_mb());
   if (c.reduce_dtype() != FP32 && c.reduce_dtype() != FP16 && c.reduce_dtype() != BF16)
-    fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(c.reduce_dtype()));
-  if (c.mode() == REDUCE_MODE_UNSPECIFIED) fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
+    check.fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(c.reduce_dtype()));
+  if (c.mode() == REDUCE_MODE_UNSPECIFIED) check.fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
   if (c.mode() == REDUCE_SCATTER && cfg.optimizer().has_zero_stage() && cfg.optimizer().zero_stage() == 0)
-    fail("comm.mode", "REDUCE_SCATTER (the deprecated alias of optimizer.zero_stage: 1) contradicts "
+    check.fail("comm.mode", "REDUCE_SCATTER (the deprecated alias of optimizer.zero_stage: 1) contradicts "
          "optimizer.zero_stage: 0; set optimizer.zero_stage alone", "REDUCE_SCATTER");
   if (!(c.timeout_s() >= 1.0) || !std::isfinite(c.timeout_s()))
-    fail("comm.timeout_s", "must be >= 1 (seconds)", str(c.timeout_s()));
+    check.fail("comm.timeout_s", "must be >= 1 (seconds)", str(c.timeout_s()));
+}
 
-  // train, log
+// train, log, the non-finite policy's bounds, checkpoint and fault drills.
+void check_run(const RunConfig& cfg, const FieldCheck& c) {
+  const DataConfig& d = cfg.data();
+  const PrecisionConfig& p = cfg.precision();
   const TrainConfig& t = cfg.train();
-  non_negative("train.steps", static_cast<double>(t.steps()));
-  non_negative("train.epochs", static_cast<double>(t.epochs()));  // steps 0 and epochs 0: evaluation only
+  c.non_negative("train.steps", static_cast<double>(t.steps()));
+  c.non_negative("train.epochs", static_cast<double>(t.epochs()));  // steps 0 and epochs 0: evaluation only
   // Bounds that keep step arithmetic (epochs x steps per epoch, step x global batch) far from int64 overflow.
-  if (t.steps() > (int64_t{1} << 40)) fail("train.steps", "must be <= 2^40", str(t.steps()));
-  if (t.epochs() > 1000000) fail("train.epochs", "must be <= 1000000", str(t.epochs()));
+  if (t.steps() > (int64_t{1} << 40)) c.fail("train.steps", "must be <= 2^40", str(t.steps()));
+  if (t.epochs() > 1000000) c.fail("train.epochs", "must be <= 1000000", str(t.epochs()));
   if (d.global_batch_size() > (int64_t{1} << 31))
-    fail("data.global_batch_size", "must be <= 2^31", str(d.global_batch_size()));
-  non_negative("train.eval_every_epochs", static_cast<double>(t.eval_every_epochs()));
-  non_negative("train.eval_every_steps", static_cast<double>(t.eval_every_steps()));
-  non_negative("train.threads_per_rank", t.threads_per_rank());
-  positive("log.every_steps", static_cast<double>(cfg.log().every_steps()));
+    c.fail("data.global_batch_size", "must be <= 2^31", str(d.global_batch_size()));
+  c.non_negative("train.eval_every_epochs", static_cast<double>(t.eval_every_epochs()));
+  c.non_negative("train.eval_every_steps", static_cast<double>(t.eval_every_steps()));
+  c.non_negative("train.threads_per_rank", t.threads_per_rank());
+  c.positive("log.every_steps", static_cast<double>(cfg.log().every_steps()));
 
   if (p.on_nonfinite() == NONFINITE_POLICY_UNSPECIFIED)
-    fail("precision.on_nonfinite", "must be SKIP or DROP_RANK", "UNSPECIFIED");
+    c.fail("precision.on_nonfinite", "must be SKIP or DROP_RANK", "UNSPECIFIED");
   // DROP_RANK's count all-reduce carries sample counts as FP32, exact up to 2^24 (train/step.cc).
   if (p.on_nonfinite() == DROP_RANK && d.global_batch_size() > (int64_t{1} << 24))
-    fail("data.global_batch_size", "must be <= 2^24 with precision.on_nonfinite: DROP_RANK",
+    c.fail("data.global_batch_size", "must be <= 2^24 with precision.on_nonfinite: DROP_RANK",
          str(d.global_batch_size()));
-  non_negative("precision.max_consecutive_skips", static_cast<double>(p.max_consecutive_skips()));
-  non_negative("precision.numerics_report_every", static_cast<double>(p.numerics_report_every()));
+  c.non_negative("precision.max_consecutive_skips", static_cast<double>(p.max_consecutive_skips()));
+  c.non_negative("precision.numerics_report_every", static_cast<double>(p.numerics_report_every()));
   if (cfg.checkpoint().on_save_error() == SAVE_ERROR_POLICY_UNSPECIFIED)
-    fail("checkpoint.on_save_error", "must be CONTINUE or STOP", "UNSPECIFIED");
-  non_negative("checkpoint.every_steps", static_cast<double>(cfg.checkpoint().every_steps()));
-  non_negative("checkpoint.every_minutes", cfg.checkpoint().every_minutes());
-  non_negative("checkpoint.keep_last", cfg.checkpoint().keep_last());
-  if (cfg.fault().has_stall()) non_negative("fault.stall.seconds", cfg.fault().stall().seconds());
-  if (cfg.fault().has_slow_save()) non_negative("fault.slow_save.seconds", cfg.fault().slow_save().seconds());
+    c.fail("checkpoint.on_save_error", "must be CONTINUE or STOP", "UNSPECIFIED");
+  c.non_negative("checkpoint.every_steps", static_cast<double>(cfg.checkpoint().every_steps()));
+  c.non_negative("checkpoint.every_minutes", cfg.checkpoint().every_minutes());
+  c.non_negative("checkpoint.keep_last", cfg.checkpoint().keep_last());
+  if (cfg.fault().has_stall()) c.non_negative("fault.stall.seconds", cfg.fault().stall().seconds());
+  if (cfg.fault().has_slow_save()) c.non_negative("fault.slow_save.seconds", cfg.fault().slow_save().seconds());
 
   for (int i = 0; i < cfg.fault().inject_nonfinite_size(); ++i) {
     const NonFiniteInjection& f = cfg.fault().inject_nonfinite(i);
     const std::string field = "fault.inject_nonfinite[" + std::to_string(i) + "]";
-    if (f.step() < 1) fail(field + ".step", "must be >= 1", str(f.step()));
-    if (f.value() == NONFINITE_UNSPECIFIED) fail(field + ".value", "must be POS_INF, NEG_INF or QNAN", "UNSPECIFIED");
+    if (f.step() < 1) c.fail(field + ".step", "must be >= 1", str(f.step()));
+    if (f.value() == NONFINITE_UNSPECIFIED) c.fail(field + ".value", "must be POS_INF, NEG_INF or QNAN", "UNSPECIFIED");
     if (f.target() == INJECT_TARGET_UNSPECIFIED)
-      fail(field + ".target", "must be GRADIENT, INPUT or ACTIVATION", "UNSPECIFIED");
+      c.fail(field + ".target", "must be GRADIENT, INPUT or ACTIVATION", "UNSPECIFIED");
     if (f.target() == ACTIVATION && f.layer().empty())
-      fail(field + ".layer", "must name a layer (e.g. \"fc2\") for target ACTIVATION", "\"\"");
-    non_negative(field + ".element", static_cast<double>(f.element()));
+      c.fail(field + ".layer", "must name a layer (e.g. \"fc2\") for target ACTIVATION", "\"\"");
+    c.non_negative(field + ".element", static_cast<double>(f.element()));
   }
+}
+
+}  // namespace
+
+void validate_config(const RunConfig& cfg, const std::string& source) {
+  check_strings(cfg, "", source);
+  const FieldCheck c{source};
+  if (cfg.has_name() && (cfg.name().empty() || cfg.name().find('/') != std::string::npos || cfg.name() == "." ||
+                         cfg.name() == ".."))
+    c.fail("name", "must be a plain name (it names the run directory runs/<name>)", "\"" + cfg.name() + "\"");
+  check_model(cfg, c);
+  check_data(cfg, c);
+  check_optimizer(cfg, c);
+  check_precision(cfg, c);
+  check_comm(cfg, c);
+  check_run(cfg, c);
 }
 
 }  // namespace ampdist
