@@ -304,7 +304,8 @@ void check_data(const RunConfig& cfg, const FieldCheck& c) {
   c.positive("data.global_batch_size", static_cast<double>(d.global_batch_size()));
   c.positive("data.prefetch_steps", d.prefetch_steps());
   if (d.prefetch_steps() > 64) c.fail("data.prefetch_steps", "must be <= 64", str(d.prefetch_steps()));
-  if (d.eval_batch_size() < 0) c.fail("data.eval_batch_size", "must be >= 0 (0: the training micro-batch)", str(d.eval_batch_size()));
+  if (d.eval_batch_size() < 0)
+    c.fail("data.eval_batch_size", "must be >= 0 (0: the training micro-batch)", str(d.eval_batch_size()));
   if (d.has_idx()) {
     if (d.idx().dir().empty()) c.fail("data.idx.dir", "must name a directory", "\"\"");
     c.positive("data.idx.std", d.idx().std());
@@ -353,7 +354,8 @@ void check_optimizer(const RunConfig& cfg, const FieldCheck& c) {
   if (o.zero_stage() != 0 && o.zero_stage() != 1)
     c.fail("optimizer.zero_stage", "must be 0 (replicated optimizer state) or 1 (sharded)", str(o.zero_stage()));
   for (int i = 0; i < o.no_decay_size(); ++i)
-    if (o.no_decay(i).empty()) c.fail("optimizer.no_decay[" + std::to_string(i) + "]", "must be a name pattern", "\"\"");
+    if (o.no_decay(i).empty())
+      c.fail("optimizer.no_decay[" + std::to_string(i) + "]", "must be a name pattern", "\"\"");
   if (cfg.model().has_init_from() && cfg.model().init_from().empty())
     c.fail("model.init_from", "must name a safetensors file or a Hugging Face model directory", "\"\"");
   if (o.accumulation_steps() < 1)
@@ -395,7 +397,8 @@ void check_precision(const RunConfig& cfg, const FieldCheck& c) {
       c.fail("precision.dynamic.growth_factor", "must be > 1", str(dy.growth_factor()));
     if (!(dy.backoff_factor() > 0 && dy.backoff_factor() < 1))
       c.fail("precision.dynamic.backoff_factor", "must be in (0, 1)", str(dy.backoff_factor()));
-    if (dy.growth_interval() < 1) c.fail("precision.dynamic.growth_interval", "must be >= 1", str(dy.growth_interval()));
+    if (dy.growth_interval() < 1)
+      c.fail("precision.dynamic.growth_interval", "must be >= 1", str(dy.growth_interval()));
     if (dy.hysteresis() < 1) c.fail("precision.dynamic.hysteresis", "must be >= 1", str(dy.hysteresis()));
     loss_scale("precision.dynamic.min_scale", dy.min_scale());
     if (dy.min_scale() > dy.init_scale())
@@ -412,7 +415,8 @@ void check_comm(const RunConfig& cfg, const FieldCheck& check) {
   check.positive("comm.bucket_cap_mb", c.bucket_cap_mb());
   if (c.reduce_dtype() != FP32 && c.reduce_dtype() != FP16 && c.reduce_dtype() != BF16)
     check.fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(c.reduce_dtype()));
-  if (c.mode() == REDUCE_MODE_UNSPECIFIED) check.fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
+  if (c.mode() == REDUCE_MODE_UNSPECIFIED)
+    check.fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
   if (c.mode() == REDUCE_SCATTER && cfg.optimizer().has_zero_stage() && cfg.optimizer().zero_stage() == 0)
     check.fail("comm.mode", "REDUCE_SCATTER (the deprecated alias of optimizer.zero_stage: 1) contradicts "
          "optimizer.zero_stage: 0; set optimizer.zero_stage alone", "REDUCE_SCATTER");
