@@ -75,6 +75,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
     total_steps_ = cfg_.train().steps();
   }
   due_ = std::make_unique<DueSteps>(cfg_, total_steps_, steps_per_epoch());
+  if (test_) evaluator_ = std::make_unique<Evaluator>(test_, comm_, device_, eval_batch_size(cfg_, comm_.world_size()));
 
   step_cfg_ = make_step_config(cfg_, total_steps_, scaler_policy_.rule());
   state_ = std::make_unique<StepStateBuffer>(device_);
@@ -84,6 +85,13 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
 }
 
 Trainer::~Trainer() = default;
+
+EvalResult Trainer::evaluate() {
+  if (!evaluator_) return {};
+  masters_->ensure_working();
+  model_->set_mode(false, iteration_);
+  return evaluator_->run(*model_, *criterion_);
+}
 
 std::vector<std::pair<int64_t, int64_t>> no_decay_ranges(const OptimizerConfig& cfg, const MasterWeights& masters) {
   const FlatLayout& layout = masters.layout();

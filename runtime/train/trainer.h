@@ -7,9 +7,10 @@
 // constructs its Trainer from the same config and calls step() the same number of times; the collectives inside
 // are the gradient reduction (buckets) and the one consensus all-reduce (plus DROP_RANK's count all-reduce).
 //
-// Files: trainer.cc (construction), step.cc (the step), evaluate.cc, train_state.cc (reading the step state,
-// checkpoint save and restore), observers.cc (the step's observers: phase timing, fault drills, numerics report; step_observer.h), faults.h (the drills),
-// due_steps.h (when the loop logs, saves, evaluates and reads), model_factory.cc (make_trainer).
+// Files: trainer.cc (construction, evaluate()), step.cc (the step), evaluate.h (the Evaluator), train_state.cc
+// (reading the step state, checkpoint save and restore), observers.cc and step_observer.h (the step's observers:
+// phase timing, fault drills, the numerics report), faults.h (the drills), due_steps.h (when the loop logs, saves,
+// evaluates and reads), model_factory.cc (make_trainer).
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/step_gate.h"
 #include "runtime/train/due_steps.h"
+#include "runtime/train/evaluate.h"
 #include "runtime/train/faults.h"
 #include "runtime/train/memory_estimate.h"
 #include "runtime/train/step_observer.h"
@@ -73,12 +75,6 @@ enum class StateReads { kEveryStep, kDueSteps };
 
 // Set from a signal handler (SIGTERM, SIGUSR1) or a test; read by every step and agreed on by the consensus.
 std::atomic<bool>& stop_request();
-
-struct EvalResult {
-  int64_t correct = 0, samples = 0;  // summed over ranks, exact
-  double loss = 0.0;                 // mean per-sample loss over all ranks
-  double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
-};
 
 class Trainer {
  public:
@@ -213,8 +209,7 @@ class Trainer {
   GradContext grad_ctx_;
   double host_loss_since_read_ = 0.0;  // losses of criteria without the state path, since the last read
   std::vector<Tensor> x_dev_;          // inputs copied to the GPU, per micro-batch
-  Tensor eval_x_, eval_x_dev_;
-  std::vector<int32_t> eval_y_;
+  std::unique_ptr<Evaluator> evaluator_;  // null without a test set
   Tensor host_master_;                 // host copies for checkpoints of GPU runs
   std::vector<Tensor> host_optim_;
   Tensor rank_sums_;   // sharded: every rank's sum of squares (a double as 4 x 16 bits each), on the step's device
