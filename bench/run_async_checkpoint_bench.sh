@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a checkpoint every N steps costs a training run: samples/s with no saves, with blocking saves and with
-# asynchronous saves (checkpoint.async), on 2 ranks.
+# asynchronous saves (checkpoint.async), on NP ranks (default 2).
 #
 #   bench/run_async_checkpoint_bench.sh [AMPDIST] [RUNS] [STEPS] [EVERY] [CONFIG] [PRECISION]
 #
@@ -12,7 +12,8 @@
 # and leaves the saves out, so it is not used. checkpoint.save_final is off and no evaluation runs. Prints each run,
 # the medians, the ratios to no saves, the checkpoint phase (ms per step) of each mode, and the machine (lscpu model
 # and the flags that select kernels). The run directories are in a temporary directory under BENCH_TMP (default
-# build/bench_tmp: the file system measured), removed on exit.
+# build/bench_tmp: the file system measured), removed on exit. NP=1 THREADS=1 runs one rank of one thread, which
+# leaves the other cores to the background writer, as a GPU node's host CPU is left while the GPU computes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AMPDIST=${1:-build/ampdist}
@@ -22,6 +23,8 @@ EVERY=${4:-10}
 CONFIG=${5:-bench/configs/mlp_100m.pbtxt}
 PRECISION=${6:-bf16}
 BENCH_TMP=${BENCH_TMP:-build/bench_tmp}
+NP=${NP:-2}
+THREADS=${THREADS:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$BENCH_TMP"
 tmp=$(mktemp -d "$BENCH_TMP/async_ckpt.XXXXXX")
@@ -33,13 +36,14 @@ for i in $(seq 1 "$RUNS"); do
     args=(--set train.steps="$STEPS" --set log.every_steps="$STEPS" --set train.eval_every_epochs=0
       --set train.eval_every_steps=0 --set checkpoint.save_final=false --set checkpoint.keep_last=2
       --set log.tensorboard=false --set log.phase_timing=true)
+    [[ -n $THREADS ]] && args+=(--set train.threads_per_rank="$THREADS")
     case $mode in
       none) args+=(--set checkpoint.every_steps=0) ;;
       blocking) args+=(--set checkpoint.every_steps="$EVERY" --set checkpoint.async=false) ;;
       async) args+=(--set checkpoint.every_steps="$EVERY" --set checkpoint.async=true) ;;
     esac
     rm -rf "$tmp/run"
-    mpirun -q --oversubscribe -np 2 "$AMPDIST" train --config "$CONFIG" --precision "$PRECISION" "${args[@]}" \
+    mpirun -q --oversubscribe -np "$NP" "$AMPDIST" train --config "$CONFIG" --precision "$PRECISION" "${args[@]}" \
       --run-dir "$tmp/run" > "$tmp/out.txt"
     line=$(grep '^phases (ms/step, rank 0):' "$tmp/out.txt")
     batch=$(sed -n 's/.*| global batch \([0-9]*\) = .*/\1/p' "$tmp/out.txt")
@@ -55,7 +59,7 @@ median() { printf '%s\n' $@ | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR
 m_none=$(median ${sps[none]})
 m_block=$(median ${sps[blocking]})
 m_async=$(median ${sps[async]})
-echo "config $CONFIG, $PRECISION, 2 ranks, $STEPS steps, a save every $EVERY steps, $RUNS runs each"
+echo "config $CONFIG, $PRECISION, $NP ranks${THREADS:+ x $THREADS threads}, $STEPS steps, a save every $EVERY steps, $RUNS runs each"
 echo "median samples/s: none $m_none, blocking $m_block, async $m_async"
 awk -v n="$m_none" -v b="$m_block" -v a="$m_async" \
   'BEGIN {printf "ratio to no saves: blocking %.3f, async %.3f\n", b / n, a / n}'

@@ -4,9 +4,9 @@
 //   TEST(GpuKernels, CastsEqualTheCpuBitForBit) { ... }
 //
 // claims that the test runs each named op on the GPU and checks it against the CPU backend (directly, or through a
-// layer or model whose result it compares). GpuOpCoverage.EveryOpOfTheTableHasAGpuAgainstCpuTest, which runs on
-// every machine, fails for an op of the table that no test claims, a claim of an op the table lacks, and a claim by
-// a test that does not exist.
+// layer or model whose result it compares). GpuOpCoverage.EveryOpOfTheTableHasAGpuAgainstCpuTest needs no GPU (it
+// runs wherever the CUDA targets are built, nvcc being found) and fails for an op of the table that no test claims,
+// a claim of an op the table lacks, and a claim by a test that does not exist.
 #pragma once
 
 #include <initializer_list>

@@ -66,6 +66,36 @@ std::vector<float> values(const Tensor& t) {
 
 // ---- GEMM: the tensor-core contract -----------------------------------------------------------------------------
 
+// abs_stats (the numerics report's statistics): the maximum is over the finite elements, as on the GPU; a non-finite
+// element only sets the flag. Every dtype, with an underflow count at a threshold that splits the values.
+TEST(AbsStats, MaximumIsOverTheFiniteElementsAndTheFlagNamesTheRest) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor f = Tensor::zeros({6}, DType::kFloat32);
+    float* p = f.data_as<float>();
+    p[0] = -3.0f;
+    p[1] = 0.5f;
+    p[2] = 1e-4f;  // below the threshold
+    p[3] = 0.0f;   // zero is not counted below it
+    Tensor x = Tensor::empty({6}, t);
+    for (float bad : {inf, -inf, nan}) {
+      p[4] = bad;
+      p[5] = -bad;
+      kernels::cast(f, x);
+      const kernels::AbsStats s = kernels::abs_stats(x, 1e-3f);
+      EXPECT_EQ(s.max_abs, 3.0f) << bad;
+      EXPECT_TRUE(s.nonfinite) << bad;
+      EXPECT_EQ(s.below, 1) << bad;
+    }
+    p[4] = p[5] = 2.0f;
+    kernels::cast(f, x);
+    const kernels::AbsStats s = kernels::abs_stats(x, 1e-3f);
+    EXPECT_EQ(s.max_abs, 3.0f);
+    EXPECT_FALSE(s.nonfinite);
+  }
+}
+
 TEST(Gemm, Fp16AccumulatesInFp32) {
   // 1 + 4 * 2^-12 = 1 + 2^-10 exactly, and that is an fp16 value. An fp16 accumulator would round 1 + 2^-12 back to
   // 1.0 at every step (2^-12 is a quarter of fp16's ulp at 1) and return 1.0.

@@ -626,8 +626,9 @@ AbsStats abs_stats(const Tensor& x, float threshold) {
     int64_t below = 0;
     for (int64_t i = 0, n = x.numel(); i < n; ++i) {
       const float v = std::fabs(static_cast<float>(p[i]));
-      bad |= !(v <= std::numeric_limits<float>::max());  // inf and NaN
-      m = v > m ? v : m;
+      const bool finite = v <= std::numeric_limits<float>::max();  // false for inf and NaN
+      bad |= !finite;
+      m = finite && v > m ? v : m;  // the maximum over the finite elements (kernels.h), as the CUDA kernel
       below += (v != 0.0f && v <= threshold) ? 1 : 0;
     }
     s.max_abs = m;
