@@ -244,6 +244,108 @@ void write_text_file(const std::string& file, const std::string& text) {
 
 }  // namespace
 
+namespace {
+
+// The master buffer's tensors in the manifest's order (their data point into `master`), checked against it: names
+// unique and not reserved, sizes in checked arithmetic inside the buffer. hf: Hugging Face GPT-2's names and layout
+// (the padded vocabulary rows dropped, Conv1D weights transposed). Adds each name to `names` and the parameters to
+// `params`. Throws BadInput naming manifest_file.
+std::vector<ExportTensor> export_parameters(const Manifest& m, const std::vector<float>& master, bool hf,
+                                            const std::string& manifest_file, std::set<std::string>& names,
+                                            int64_t& params) {
+  const GptConfig& g = m.config().model().gpt();
+  std::vector<ExportTensor> out;
+  for (const TensorIndexEntry& t : m.tensors()) {
+    const Shape shape = shape_of(t);
+    // The product in checked arithmetic: a crafted manifest must not overflow it into a plausible size.
+    const int64_t limit = static_cast<int64_t>(master.size());
+    int64_t numel = 1;
+    bool fits = true;
+    for (int64_t d : shape) {
+      if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > limit) fits = false;
+      if (!fits) break;
+    }
+    if (!fits) numel = -1;
+    if (t.name().empty() || t.name() == "__metadata__" || !names.insert(t.name()).second)
+      throw BadInput(manifest_file, "tensor name '" + t.name() + "' is empty, reserved or repeated");
+    if (numel < 0 || numel != t.numel() || t.offset() < 0 || t.offset() > limit - numel)
+      throw BadInput(manifest_file, "tensor " + t.name() + " " + shape_str(shape) + " at offset " +
+                                        std::to_string(t.offset()) + " does not fit the master buffer of " +
+                                        std::to_string(master.size()) + " elements");
+    ExportTensor e{t.name(), shape, {}, master.data() + t.offset(), numel, "F32", {}};
+    if (hf) {
+      e.name = hf_gpt2_name(t.name());
+      if (t.name() == "wte.weight" && shape.size() == 2 && shape[0] > g.vocab_size()) {
+        e.shape[0] = g.vocab_size();  // the padded rows are not part of the model
+        e.numel = e.shape[0] * e.shape[1];
+      } else if (hf_gpt2_conv1d(t.name()) && shape.size() == 2) {
+        // Conv1D stores [in, out]: the transpose of ampdist's Linear [out, in].
+        const int64_t rows = shape[0], cols = shape[1];
+        e.shape = {cols, rows};
+        e.data.resize(static_cast<size_t>(numel));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) e.data[static_cast<size_t>(c * rows + r)] = e.src[r * cols + c];
+        e.src = nullptr;
+      }
+    }
+    params += e.numel;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// The model buffers (BatchNorm running statistics) from the manifest, after the parameters, under their names;
+// num_batches_tracked as PyTorch keeps it: an int64 scalar (shape []).
+void export_buffers(const Manifest& m, const std::string& manifest_file, std::set<std::string>& names,
+                    std::vector<ExportTensor>& out) {
+  const int64_t buffer_limit = m.buffer_values_size();
+  for (const TensorIndexEntry& t : m.buffer_tensors()) {
+    const Shape shape = shape_of(t);
+    if (t.name().empty() || t.name() == "__metadata__" || !names.insert(t.name()).second)
+      throw BadInput(manifest_file, "buffer name '" + t.name() + "' is empty, reserved or repeated");
+    if (t.numel() < 0 || t.numel() != shape_numel(shape) || t.offset() < 0 || t.offset() > buffer_limit - t.numel())
+      throw BadInput(manifest_file, "buffer " + t.name() + " does not fit the manifest's buffer values");
+    const float* v = m.buffer_values().data() + t.offset();
+    ExportTensor e{t.name(), shape, {}, v, t.numel(), "F32", {}};
+    if (t.name().ends_with(".num_batches_tracked") && t.numel() == 1) {
+      const int64_t n = static_cast<int64_t>(v[0]);
+      e.shape = {};
+      e.dtype = "I64";
+      e.raw.resize(sizeof n);
+      std::memcpy(e.raw.data(), &n, sizeof n);
+      e.src = nullptr;
+    }
+    out.push_back(std::move(e));
+  }
+}
+
+// A Hugging Face model directory (model.safetensors, config.json), written next to its final name and renamed into
+// place; whatever fails (a full disk, a rename), the half-written directory goes. Returns the safetensors bytes.
+int64_t write_hf_directory(const std::string& output, const std::vector<ExportTensor>& out,
+                           const nlohmann::ordered_json& meta, const GptConfig& g) {
+  std::error_code ec;
+  const fs::path final_dir(output);
+  const fs::path tmp = final_dir.string() + ".tmp";
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw BadInput(output, "cannot create " + tmp.string() + ": " + ec.message());
+  int64_t bytes = 0;
+  try {  // as the single file's .tmp goes
+    bytes = write_safetensors((tmp / "model.safetensors").string(), out, meta);
+    write_text_file((tmp / "config.json").string(), hf_gpt2_config_json(g));
+    if (fs::exists(final_dir, ec)) fs::remove(final_dir, ec);  // an empty directory (the caller checked)
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw Error(output + ": cannot rename " + tmp.string() + " to it: " + ec.message());
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+  return bytes;
+}
+
+}  // namespace
+
 int run_ckpt_export(const CkptArgs& args) {
   static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
   return guarded([&] {
@@ -260,71 +362,13 @@ int run_ckpt_export(const CkptArgs& args) {
     const Manifest m = read_manifest(path);
     if (hf && !m.config().model().has_gpt())
       throw BadInput(path, "--format hf writes a GPT-2 model; this checkpoint's model is not a gpt");
-    const GptConfig& g = m.config().model().gpt();
     const std::vector<float> master = read_checkpoint_buffer(path, "master");
     const std::string manifest_file = (fs::path(path) / "manifest.pb").string();
-
-    // Tensors in the manifest's order, their data back to back in the same order.
-    std::vector<ExportTensor> out;
+    // Tensors in the manifest's order, their data back to back in the same order, then the model buffers.
     std::set<std::string> names;
     int64_t params = 0;
-    for (const TensorIndexEntry& t : m.tensors()) {
-      const Shape shape = shape_of(t);
-      // The product in checked arithmetic: a crafted manifest must not overflow it into a plausible size.
-      const int64_t limit = static_cast<int64_t>(master.size());
-      int64_t numel = 1;
-      bool fits = true;
-      for (int64_t d : shape) {
-        if (d < 0 || __builtin_mul_overflow(numel, d, &numel) || numel > limit) fits = false;
-        if (!fits) break;
-      }
-      if (!fits) numel = -1;
-      if (t.name().empty() || t.name() == "__metadata__" || !names.insert(t.name()).second)
-        throw BadInput(manifest_file, "tensor name '" + t.name() + "' is empty, reserved or repeated");
-      if (numel < 0 || numel != t.numel() || t.offset() < 0 || t.offset() > limit - numel)
-        throw BadInput(manifest_file, "tensor " + t.name() + " " + shape_str(shape) + " at offset " +
-                                          std::to_string(t.offset()) + " does not fit the master buffer of " +
-                                          std::to_string(master.size()) + " elements");
-      ExportTensor e{t.name(), shape, {}, master.data() + t.offset(), numel, "F32", {}};
-      if (hf) {
-        e.name = hf_gpt2_name(t.name());
-        if (t.name() == "wte.weight" && shape.size() == 2 && shape[0] > g.vocab_size()) {
-          e.shape[0] = g.vocab_size();  // the padded rows are not part of the model
-          e.numel = e.shape[0] * e.shape[1];
-        } else if (hf_gpt2_conv1d(t.name()) && shape.size() == 2) {
-          // Conv1D stores [in, out]: the transpose of ampdist's Linear [out, in].
-          const int64_t rows = shape[0], cols = shape[1];
-          e.shape = {cols, rows};
-          e.data.resize(static_cast<size_t>(numel));
-          for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < cols; ++c) e.data[static_cast<size_t>(c * rows + r)] = e.src[r * cols + c];
-          e.src = nullptr;
-        }
-      }
-      params += e.numel;
-      out.push_back(std::move(e));
-    }
-    // Model buffers (BatchNorm running statistics) from the manifest, after the parameters, under their names;
-    // num_batches_tracked as PyTorch keeps it: an int64 scalar (shape []).
-    const int64_t buffer_limit = m.buffer_values_size();
-    for (const TensorIndexEntry& t : m.buffer_tensors()) {
-      const Shape shape = shape_of(t);
-      if (t.name().empty() || t.name() == "__metadata__" || !names.insert(t.name()).second)
-        throw BadInput(manifest_file, "buffer name '" + t.name() + "' is empty, reserved or repeated");
-      if (t.numel() < 0 || t.numel() != shape_numel(shape) || t.offset() < 0 || t.offset() > buffer_limit - t.numel())
-        throw BadInput(manifest_file, "buffer " + t.name() + " does not fit the manifest's buffer values");
-      const float* v = m.buffer_values().data() + t.offset();
-      ExportTensor e{t.name(), shape, {}, v, t.numel(), "F32", {}};
-      if (t.name().ends_with(".num_batches_tracked") && t.numel() == 1) {
-        const int64_t n = static_cast<int64_t>(v[0]);
-        e.shape = {};
-        e.dtype = "I64";
-        e.raw.resize(sizeof n);
-        std::memcpy(e.raw.data(), &n, sizeof n);
-        e.src = nullptr;
-      }
-      out.push_back(std::move(e));
-    }
+    std::vector<ExportTensor> out = export_parameters(m, master, hf, manifest_file, names, params);
+    export_buffers(m, manifest_file, names, out);
     const nlohmann::ordered_json meta = {{"step", std::to_string(m.step())}, {"run_id", m.run_id()}, {"format", "pt"}};
     if (!hf) {
       const int64_t bytes = write_safetensors(args.output, out, meta);
@@ -333,24 +377,7 @@ int run_ckpt_export(const CkptArgs& args) {
                 << std::flush;
       return 0;
     }
-    // A Hugging Face model directory, written next to its final name and renamed into place.
-    const fs::path final_dir(args.output);
-    const fs::path tmp = final_dir.string() + ".tmp";
-    fs::remove_all(tmp, ec);
-    fs::create_directories(tmp, ec);
-    if (ec) throw BadInput(args.output, "cannot create " + tmp.string() + ": " + ec.message());
-    int64_t bytes = 0;
-    try {  // whatever fails (a full disk, a rename), the half-written directory goes, as the single file's .tmp does
-      bytes = write_safetensors((tmp / "model.safetensors").string(), out, meta);
-      write_text_file((tmp / "config.json").string(), hf_gpt2_config_json(g));
-      if (fs::exists(final_dir, ec)) fs::remove(final_dir, ec);  // an empty directory (checked above)
-      fs::rename(tmp, final_dir, ec);
-      if (ec) throw Error(args.output + ": cannot rename " + tmp.string() + " to it: " + ec.message());
-    } catch (...) {
-      std::error_code ignored;
-      fs::remove_all(tmp, ignored);
-      throw;
-    }
+    const int64_t bytes = write_hf_directory(args.output, out, meta, m.config().model().gpt());
     std::cout << fmt::format("exported {} tensors ({} parameters, step {}) from {} to {} as a Hugging Face GPT-2 "
                              "model (config.json, model.safetensors: {} bytes)\n",
                              out.size(), params, m.step(), path, args.output, bytes)
