@@ -45,6 +45,57 @@ DType parse_precision(const std::string& p, DTypeName saved) {
 
 }  // namespace
 
+namespace {
+
+// The prompt as token ids: --prompt-ids (comma-separated, each in [0, vocab_size); none: GPT-2's <|endoftext|>, the
+// last id) when `ids`, else --prompt's bytes (none: a newline). Echoes the prompt to stdout as it will be continued.
+// Throws BadInput naming the option.
+std::vector<int32_t> prompt_tokens(const GenerateArgs& args, const GptConfig& g, bool ids) {
+  std::vector<int32_t> tokens;
+  if (ids) {
+    std::stringstream ss(args.prompt_ids);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      size_t used = 0;
+      long long v = -1;
+      try {
+        v = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != item.size() || v < 0 || v >= g.vocab_size())
+        throw BadInput("--prompt-ids", "\"" + item + "\" is not a token id in [0, " +
+                                           std::to_string(g.vocab_size()) + ")");
+      tokens.push_back(static_cast<int32_t>(v));
+    }
+    if (tokens.empty()) tokens.push_back(g.vocab_size() - 1);  // GPT-2's <|endoftext|>
+    for (size_t i = 0; i < tokens.size(); ++i) std::printf("%s%d", i ? " " : "", tokens[i]);
+  } else {
+    for (unsigned char c : args.prompt) {
+      if (c >= g.vocab_size())
+        throw BadInput("--prompt", "byte " + std::to_string(c) + " is outside the vocabulary of " +
+                                       std::to_string(g.vocab_size()));
+      tokens.push_back(c);
+    }
+    if (tokens.empty()) tokens.push_back('\n');  // an empty prompt starts a new line
+    std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
+  }
+  return tokens;
+}
+
+// The checkpoint's FP32 master weights into `masters` (bound to the model of its config), then the working copy.
+// Throws BadInput naming the checkpoint when the counts differ.
+void load_master_weights(const std::string& path, MasterWeights& masters) {
+  std::vector<float> saved = read_checkpoint_buffer(path, "master");
+  if (static_cast<int64_t>(saved.size()) != masters.numel())
+    throw BadInput(path, "holds " + std::to_string(saved.size()) + " master weights, the model of its config has " +
+                             std::to_string(masters.numel()));
+  Tensor::view(saved.data(), {masters.numel()}, DType::kFloat32).copy_to(masters.master());
+  masters.cast_to_working();
+}
+
+}  // namespace
+
 int run_generate(const GenerateArgs& args) {
   try {
     if (args.tokens < 0) throw BadInput("--tokens", "must be >= 0, got " + std::to_string(args.tokens));
@@ -74,43 +125,10 @@ int run_generate(const GenerateArgs& args) {
     model.collect_parameters(params);
     const std::unique_ptr<MasterWeights> bound = bind_parameters(params, working, device, 0);  // weights loaded next
     MasterWeights& masters = *bound;
-    std::vector<float> saved = read_checkpoint_buffer(path, "master");
-    if (static_cast<int64_t>(saved.size()) != masters.numel())
-      throw BadInput(path, "holds " + std::to_string(saved.size()) + " master weights, the model of its config has " +
-                               std::to_string(masters.numel()));
-    Tensor::view(saved.data(), {masters.numel()}, DType::kFloat32).copy_to(masters.master());
-    masters.cast_to_working();
+    load_master_weights(path, masters);
     model.set_mode(false, 0);
 
-    std::vector<int32_t> tokens;
-    if (ids) {
-      std::stringstream ss(args.prompt_ids);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        size_t used = 0;
-        long long v = -1;
-        try {
-          v = std::stoll(item, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != item.size() || v < 0 || v >= g.vocab_size())
-          throw BadInput("--prompt-ids", "\"" + item + "\" is not a token id in [0, " +
-                                             std::to_string(g.vocab_size()) + ")");
-        tokens.push_back(static_cast<int32_t>(v));
-      }
-      if (tokens.empty()) tokens.push_back(g.vocab_size() - 1);  // GPT-2's <|endoftext|>
-      for (size_t i = 0; i < tokens.size(); ++i) std::printf("%s%d", i ? " " : "", tokens[i]);
-    } else {
-      for (unsigned char c : args.prompt) {
-        if (c >= g.vocab_size())
-          throw BadInput("--prompt", "byte " + std::to_string(c) + " is outside the vocabulary of " +
-                                         std::to_string(g.vocab_size()));
-        tokens.push_back(c);
-      }
-      if (tokens.empty()) tokens.push_back('\n');  // an empty prompt starts a new line
-      std::fwrite(args.prompt.data(), 1, args.prompt.size(), stdout);
-    }
+    std::vector<int32_t> tokens = prompt_tokens(args, g, ids);
     const bool cache = args.kv_cache == "on";
     const int64_t T = g.seq_len();
     std::vector<float> row(static_cast<size_t>(g.vocab_size()));
