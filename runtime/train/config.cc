@@ -410,18 +410,18 @@ void check_precision(const RunConfig& cfg, const FieldCheck& c) {
       c.fail("precision.fp32_ops", "must name ops of the autocast table (linear, relu, gelu, ...)", "\"" + op + "\"");
 }
 
-void check_comm(const RunConfig& cfg, const FieldCheck& check) {
-  const CommConfig& c = cfg.comm();
-  check.positive("comm.bucket_cap_mb", c.bucket_cap_mb());
-  if (c.reduce_dtype() != FP32 && c.reduce_dtype() != FP16 && c.reduce_dtype() != BF16)
-    check.fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(c.reduce_dtype()));
-  if (c.mode() == REDUCE_MODE_UNSPECIFIED)
-    check.fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
-  if (c.mode() == REDUCE_SCATTER && cfg.optimizer().has_zero_stage() && cfg.optimizer().zero_stage() == 0)
-    check.fail("comm.mode", "REDUCE_SCATTER (the deprecated alias of optimizer.zero_stage: 1) contradicts "
-         "optimizer.zero_stage: 0; set optimizer.zero_stage alone", "REDUCE_SCATTER");
-  if (!(c.timeout_s() >= 1.0) || !std::isfinite(c.timeout_s()))
-    check.fail("comm.timeout_s", "must be >= 1 (seconds)", str(c.timeout_s()));
+void check_comm(const RunConfig& cfg, const FieldCheck& c) {
+  const CommConfig& comm = cfg.comm();
+  c.positive("comm.bucket_cap_mb", comm.bucket_cap_mb());
+  if (comm.reduce_dtype() != FP32 && comm.reduce_dtype() != FP16 && comm.reduce_dtype() != BF16)
+    c.fail("comm.reduce_dtype", "must be FP32, FP16 or BF16", DTypeName_Name(comm.reduce_dtype()));
+  if (comm.mode() == REDUCE_MODE_UNSPECIFIED)
+    c.fail("comm.mode", "must be ALLREDUCE or REDUCE_SCATTER", "UNSPECIFIED");
+  if (comm.mode() == REDUCE_SCATTER && cfg.optimizer().has_zero_stage() && cfg.optimizer().zero_stage() == 0)
+    c.fail("comm.mode", "REDUCE_SCATTER (the deprecated alias of optimizer.zero_stage: 1) contradicts "
+           "optimizer.zero_stage: 0; set optimizer.zero_stage alone", "REDUCE_SCATTER");
+  if (!(comm.timeout_s() >= 1.0) || !std::isfinite(comm.timeout_s()))
+    c.fail("comm.timeout_s", "must be >= 1 (seconds)", str(comm.timeout_s()));
 }
 
 // train, log, the non-finite policy's bounds, checkpoint and fault drills.
