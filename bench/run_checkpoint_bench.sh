@@ -10,6 +10,7 @@
 #   mpirun --oversubscribe -np $NP ampdist_bench_checkpoint --gib $GIB --dir $BENCH_TMP/ckpt --repeat $REPEAT
 # (with --drop-caches when this shell can drop the page cache, i.e. as root), and measures the disk with
 #   dd if=/dev/zero of=$BENCH_TMP/dd_test bs=64M count=16*GIB conv=fsync   and   dd if=... of=/dev/null bs=64M,
+# and the same with oflag=direct / iflag=direct (ampdist's shard I/O is O_DIRECT where the file system takes it),
 # once before and once after ampdist (the read after dropping the page cache when possible; the table uses the
 # better run); prints one table and writes
 # bench/results/checkpoint-<date>.json. Removes its temporary files on exit.
@@ -84,8 +85,22 @@ measure_disk() {
   rd=$(dd_rate <<<"$out")
   [[ -n $w && -n $rd ]] || die "cannot parse dd's output: $out"
   say "  dd: write $w GiB/s, read $rd GiB/s"
-  rm -f "$DD_FILE"
   DD_WRITES+=("$w") DD_READS+=("$rd")
+  # The same with O_DIRECT, as ampdist writes and reads shards where the file system takes it: the disk's rate is
+  # the better of the two ways (a file system that refuses O_DIRECT is measured the buffered way only).
+  rm -f "$DD_FILE"
+  say "+ dd if=/dev/zero of=$DD_FILE bs=64M count=$COUNT oflag=direct conv=fsync"
+  if out=$(dd if=/dev/zero of="$DD_FILE" bs=64M count="$COUNT" oflag=direct conv=fsync 2>&1); then
+    w=$(dd_rate <<<"$out")
+    say "+ dd if=$DD_FILE of=/dev/null bs=64M iflag=direct"
+    out=$(dd if="$DD_FILE" of=/dev/null bs=64M iflag=direct 2>&1) && rd=$(dd_rate <<<"$out") || rd=
+    say "  dd (O_DIRECT): write $w GiB/s, read ${rd:-refused} GiB/s"
+    [[ -n $w ]] && DD_WRITES+=("$w")
+    [[ -n $rd ]] && DD_READS+=("$rd")
+  else
+    say "  dd (O_DIRECT): refused by this file system"
+  fi
+  rm -f "$DD_FILE"
 }
 measure_disk
 
@@ -100,7 +115,7 @@ LOAD_BEST=$(field load_state_gib_s_best); LOAD_MED=$(field load_state_gib_s_medi
 READ_BEST=$(field load_read_gib_s_best); READ_MED=$(field load_read_gib_s_median)
 
 measure_disk
-# The disk's rate: the better of the two dd runs (like ampdist's "best").
+# The disk's rate: the best dd run, buffered or O_DIRECT, before or after (like ampdist's "best").
 DISK_WRITE=$(printf '%s\n' "${DD_WRITES[@]}" | sort -g | tail -1)
 DISK_READ=$(printf '%s\n' "${DD_READS[@]}" | sort -g | tail -1)
 
@@ -129,7 +144,7 @@ r() { calc "$1 / $2"; }
     "$(field load_s_median)" "$(field load_cpu_s_median)" "$(field load_runqueue_wait_s_median)"
   printf 'Load average (1/5/15 min) %s at start, %s at end; device bytes per load (all ranks) %.2f GiB.\n' \
     "$(field loadavg_start | tr -d '"')" "$(field loadavg_end | tr -d '"')" "$(field device_read_gib_per_load)"
-  printf 'dd runs (before, after ampdist): write %s GiB/s, read %s GiB/s.\n\n' \
+  printf 'dd runs (before: buffered, O_DIRECT; after: buffered, O_DIRECT): write %s GiB/s, read %s GiB/s.\n\n' \
     "${DD_WRITES[*]}" "${DD_READS[*]}"
 }
 

@@ -14,6 +14,7 @@
 #include <span>
 
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/direct_io.h"
 #include "runtime/checkpoint/shard_format.h"
 #include "runtime/core/error.h"
 #include "runtime/core/flat_layout.h"  // shard_counts
@@ -244,19 +245,22 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
             " does not match its size or slice");
       break;
     }
-    const int fd = ::open(file.c_str(), O_RDONLY);
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       p.add(file + ": cannot be read: " + errno_text());
       break;
     }
-    // The records are read in order: a larger read-ahead window, and when this rank reads the whole shard, the kernel
-    // is asked to read all of it now, so the disk streams while the pieces already read are hashed and placed.
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    if (lo == shard_begin && hi == oe) ::posix_fadvise(fd, 0, static_cast<off_t>(info.bytes()), POSIX_FADV_WILLNEED);
+    // First the fields of every wanted record (small reads), checked; then their payloads in one stream
+    // (direct_io.h: read ahead on a thread, O_DIRECT where the file system takes it), each piece hashed while in
+    // cache and copied to its place.
+    struct Wanted {
+      int buffer, index;
+      int64_t pos, off, n;
+      RecordFields rec;
+    };
+    std::vector<Wanted> wanted;
     int64_t at = 0;
     int k = 0;
-    std::string chunk;
-    XXH3_state_t* hash = XXH3_createState();
     for (int b = 0; b < m.buffers_size() && p.lines.empty(); ++b) {
       for (const auto& [off, n] : ranges) {
         const int64_t len = info.record_bytes(k);
@@ -264,60 +268,59 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
         const int64_t pos = at;
         at += len;
         if (off >= hi || off + n <= lo) continue;  // a record outside the range is not read
-        auto it = buffers.find(m.buffers(b));
-        if (it == buffers.end()) continue;
-        // The record is read in pieces, never whole: its fields up to the payload, then the payload: straight into its
-        // place when all of it is wanted, 8 MiB at a time, each piece hashed while in cache; else through a chunk
-        // buffer, 1 MiB at a time, hashed and the wanted part copied. Then the xxh3 field.
-        RecordFields rec;
-        if (!read_record_fields(fd, pos, len, rec)) {
+        if (buffers.find(m.buffers(b)) == buffers.end()) continue;
+        Wanted w{b, index, pos, off, n, {}};
+        if (!read_record_fields(fd, pos, len, w.rec)) {
           p.add(file + ": record " + std::to_string(index) + " does not parse");
           break;
         }
         stats.bytes_read += len;
         ++stats.records;
-        if (rec.run_id != m.run_id()) {
-          p.add(file + ": belongs to run " + rec.run_id + ", the manifest to run " + m.run_id() +
+        if (w.rec.run_id != m.run_id()) {
+          p.add(file + ": belongs to run " + w.rec.run_id + ", the manifest to run " + m.run_id() +
                 " (a manifest from another run?)");
           break;
         }
-        const bool shape_ok = rec.buffer == m.buffers(b) && rec.offset == off && rec.count == n &&
-                              rec.data_bytes == n * static_cast<int64_t>(sizeof(float));
-        const int64_t c0 = std::max(off, lo), c1 = std::min(off + n, hi);
-        // Bytes [d0, d1) of the payload go to the buffer from element c0 - tb on.
-        const int64_t d0 = (c0 - off) * static_cast<int64_t>(sizeof(float)),
-                      d1 = (c1 - off) * static_cast<int64_t>(sizeof(float));
-        char* dest = reinterpret_cast<char*>(it->second.data() + (c0 - tb));
-        XXH3_64bits_reset(hash);
-        bool read_ok = shape_ok;
-        const bool whole = d0 == 0 && d1 == rec.data_bytes;
-        constexpr int64_t kPiece = int64_t{8} << 20;
-        for (int64_t at_data = 0; whole && read_ok && at_data < rec.data_bytes; at_data += kPiece) {
-          const int64_t plen = std::min(kPiece, rec.data_bytes - at_data);
-          read_ok = ::pread(fd, dest + at_data, static_cast<size_t>(plen), pos + rec.data_at + at_data) == plen;
-          if (read_ok) XXH3_64bits_update(hash, dest + at_data, static_cast<size_t>(plen));
-        }
-        constexpr int64_t kChunk = int64_t{1} << 20;
-        if (!whole)
-          chunk.resize(static_cast<size_t>(std::min<int64_t>(kChunk, std::max<int64_t>(rec.data_bytes, 1))));
-        for (int64_t at_data = 0; !whole && read_ok && at_data < rec.data_bytes; at_data += kChunk) {
-          const int64_t clen = std::min(kChunk, rec.data_bytes - at_data);
-          read_ok = ::pread(fd, chunk.data(), static_cast<size_t>(clen), pos + rec.data_at + at_data) == clen;
-          if (!read_ok) break;
-          XXH3_64bits_update(hash, chunk.data(), static_cast<size_t>(clen));
-          const int64_t lo_b = std::max(at_data, d0), hi_b = std::min(at_data + clen, d1);
-          if (lo_b < hi_b)
-            std::memcpy(dest + (lo_b - d0), chunk.data() + (lo_b - at_data), static_cast<size_t>(hi_b - lo_b));
-        }
-        if (!read_ok || XXH3_64bits_digest(hash) != rec.xxh3) {
+        if (w.rec.buffer != m.buffers(b) || w.rec.offset != off || w.rec.count != n ||
+            w.rec.data_bytes != n * static_cast<int64_t>(sizeof(float))) {
           p.add(file + ": record " + std::to_string(index) + " (" + m.buffers(b) + ") fails its XXH3 or range check");
           break;
         }
-        covered[m.buffers(b)] += c1 - c0;
+        wanted.push_back(std::move(w));
       }
     }
-    XXH3_freeState(hash);
     ::close(fd);
+    if (!p.lines.empty()) break;
+    std::vector<std::pair<int64_t, int64_t>> payloads;
+    for (const Wanted& w : wanted) payloads.emplace_back(w.pos + w.rec.data_at, w.rec.data_bytes);
+    ShardFileReader stream(file, payloads);
+    if (!stream.ok()) {
+      p.add(file + ": cannot be read: " + stream.error());
+      break;
+    }
+    XXH3_state_t* hash = XXH3_createState();
+    for (const Wanted& w : wanted) {
+      const int64_t c0 = std::max(w.off, lo), c1 = std::min(w.off + w.n, hi);
+      // Bytes [d0, d1) of the payload go to the buffer from element c0 - tb on.
+      const int64_t d0 = (c0 - w.off) * static_cast<int64_t>(sizeof(float)),
+                    d1 = (c1 - w.off) * static_cast<int64_t>(sizeof(float));
+      char* dest = reinterpret_cast<char*>(buffers.at(m.buffers(w.buffer)).data() + (c0 - tb));
+      XXH3_64bits_reset(hash);
+      int64_t seen = 0;
+      const bool read_ok = stream.consume(w.pos + w.rec.data_at, w.rec.data_bytes, [&](const char* bytes, size_t n) {
+        XXH3_64bits_update(hash, bytes, n);
+        const int64_t lo_b = std::max(seen, d0), hi_b = std::min(seen + static_cast<int64_t>(n), d1);
+        if (lo_b < hi_b) std::memcpy(dest + (lo_b - d0), bytes + (lo_b - seen), static_cast<size_t>(hi_b - lo_b));
+        seen += static_cast<int64_t>(n);
+      });
+      if (!read_ok || XXH3_64bits_digest(hash) != w.rec.xxh3) {
+        p.add(file + ": record " + std::to_string(w.index) + " (" + m.buffers(w.buffer) +
+              ") fails its XXH3 or range check");
+        break;
+      }
+      covered[m.buffers(w.buffer)] += c1 - c0;
+    }
+    XXH3_freeState(hash);
   }
   if (!p.lines.empty()) return;
   for (const auto& [name, buffer] : buffers)

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/direct_io.h"
 #include "runtime/checkpoint/shard_format.h"
 #include "runtime/core/error.h"
 #include "runtime/core/flat_layout.h"  // shard_counts
@@ -40,8 +41,11 @@ struct ShardResult {
 // The state's tensors hold elements [state.begin, ...) of the flat buffers.
 ShardResult write_shard(const std::string& path, const CheckpointState& state, int64_t begin, int64_t count,
                         int64_t per_record, bool crash, int fail_errno, double pause_s) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw Error(path + ": cannot create: " + errno_text());
+  ShardFileWriter file(path);  // O_DIRECT where the file system takes it (direct_io.h)
+  if (fail_errno != 0) {  // a disk that refuses the first write
+    errno = fail_errno;
+    throw Error(path + ": write failed: " + errno_text());
+  }
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
   ShardResult r;
@@ -51,9 +55,9 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
       const float* data = tensor->data_as<float>() - state.begin;  // indexed by flat element
       for (const auto& [off, n] : record_ranges(begin, count, per_record)) {
         // The bytes are exactly ShardRecord{run_id, buffer, offset, count, data, xxh3} serialised length-delimited
-        // (proto2 writes set fields in field-number order), but the payload goes from the state to the file
-        // without a copy: its XXH3 first, then the header, then the payload chunk by chunk, each chunk added to the
-        // file's XXH3 while it is in cache and written from there, then the xxh3 field.
+        // (proto2 writes set fields in field-number order), but the payload goes from the state to the file's
+        // blocks without an intermediate copy: its XXH3 first, then the header, then the payload chunk by chunk,
+        // each chunk added to the file's XXH3 while it is in cache and copied from there, then the xxh3 field.
         const char* payload = reinterpret_cast<const char*>(data + off);
         const size_t payload_bytes = static_cast<size_t>(n) * sizeof(float);
         const uint64_t record_xxh3 = XXH3_64bits(payload, payload_bytes);
@@ -73,17 +77,15 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
         head += before_data;
         head.push_back(static_cast<char>(ShardRecord::kDataFieldNumber << 3 | 2));  // length-delimited
         append_varint(head, payload_bytes);
-        if (fail_errno != 0) errno = fail_errno;
-        if (fail_errno != 0 || !write_all(fd, head.data(), head.size()))
-          throw Error(path + ": write failed: " + errno_text());
+        file.append(head.data(), head.size());
         XXH3_64bits_update(h, head.data(), head.size());
         constexpr size_t kChunk = size_t{1} << 20;
         for (size_t at = 0; at < payload_bytes; at += kChunk) {
           const size_t len = std::min(kChunk, payload_bytes - at);
           XXH3_64bits_update(h, payload + at, len);
-          if (!write_all(fd, payload + at, len)) throw Error(path + ": write failed: " + errno_text());
+          file.append(payload + at, len);
         }
-        if (!write_all(fd, trailer.data(), trailer.size())) throw Error(path + ": write failed: " + errno_text());
+        file.append(trailer.data(), trailer.size());
         XXH3_64bits_update(h, trailer.data(), trailer.size());
         const int64_t total = static_cast<int64_t>(head.size() + payload_bytes + trailer.size());
         r.bytes += total;
@@ -91,20 +93,19 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
         ++r.records;
       }
     }
+    file.flush();
     if (crash) {
       // Fault injection: die with the shard half written, as a killed rank would leave it.
-      if (::ftruncate(fd, r.bytes / 2) != 0) throw Error(path + ": truncate failed");
-      ::fsync(fd);
+      if (::ftruncate(file.fd(), r.bytes / 2) != 0) throw Error(path + ": truncate failed");
+      ::fsync(file.fd());
       std::raise(SIGKILL);
     }
     if (pause_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s));
-    if (::fsync(fd) != 0) throw Error(path + ": fsync failed: " + errno_text());
+    file.finish();
   } catch (...) {
-    ::close(fd);
     XXH3_freeState(h);
     throw;
   }
-  ::close(fd);
   r.xxh3 = XXH3_64bits_digest(h);
   XXH3_freeState(h);
   return r;
