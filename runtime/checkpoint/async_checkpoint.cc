@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
@@ -43,13 +45,15 @@ void AsyncCheckpointer::start(const CheckpointState& state) {
     for (void*& p : pinned_) p = device::alloc_host(bytes);
     pinned_bytes_ = bytes;
   }
+  // Host buffers: (source, staging) pairs the background thread copies before it writes.
+  std::vector<std::pair<const float*, float*>> host_copies;
   for (size_t i = 0; i < state.buffers.size(); ++i) {
     names_.push_back(state.buffers[i].first);
     const Tensor& from = *state.buffers[i].second;
     const float* src = from.data_as<float>() + (target_.begin - state.begin);
     if (from.device() == Device::kCPU) {
       staging_[i].ensure({target_.count}, DType::kFloat32);
-      std::memcpy(staging_[i].data(), src, bytes);
+      host_copies.emplace_back(src, staging_[i].data_as<float>());
       continue;
     }
     staging_[i] = Tensor::view(pinned_[i], {target_.count}, DType::kFloat32);
@@ -62,13 +66,38 @@ void AsyncCheckpointer::start(const CheckpointState& state) {
   staged.record_elements = target_.per_record;
   for (size_t i = 0; i < staging_.size(); ++i) staged.buffers.emplace_back(names_[i], &staging_[i]);
   written_.store(false);
+  {
+    std::lock_guard<std::mutex> lock(staged_mu_);
+    staged_ = host_copies.empty();
+  }
   pending_ = true;
   started_ = now_s();
   const int rank = comm_.rank(), world = comm_.world_size();
-  writer_ = std::thread([this, staged = std::move(staged), rank, world] {
+  writer_ = std::thread([this, staged = std::move(staged), copies = std::move(host_copies), bytes, rank, world] {
+    if (!copies.empty()) {
+      for (const auto& [src, dst] : copies) std::memcpy(dst, src, bytes);
+      {
+        std::lock_guard<std::mutex> lock(staged_mu_);
+        staged_ = true;
+      }
+      staged_cv_.notify_all();
+    }
     result_ = write_own_shard(target_, staged, rank, world, faults_);
     written_.store(true);
   });
+}
+
+double AsyncCheckpointer::wait_staged() {
+  std::unique_lock<std::mutex> lock(staged_mu_);
+  if (staged_) return 0;
+  const double t0 = now_s();
+  staged_cv_.wait(lock, [&] { return staged_; });
+  return now_s() - t0;
+}
+
+bool AsyncCheckpointer::staged() const {
+  std::lock_guard<std::mutex> lock(staged_mu_);
+  return staged_;
 }
 
 std::optional<AsyncCheckpointer::Published> AsyncCheckpointer::poll() {

@@ -1,18 +1,27 @@
-// Asynchronous checkpoint saves (checkpoint.async: true): the step pays only for copying this rank's shard of the
-// state into a staging buffer; a background thread writes, hashes and fsyncs the shard while training goes on; and
-// the ranks commit with save_checkpoint's own protocol (commit_save: the manifest is published only when every
-// rank's shard is durable, then `latest`, then pruning) at the first step boundary where every rank's write is done.
-// The file format is the blocking save's, so loading, resharding, ZeRO-1 slices and export do not tell them apart.
+// Asynchronous checkpoint saves (checkpoint.async: true): the state is copied into a staging buffer, a background
+// thread writes, hashes and fsyncs this rank's shard while training goes on, and the ranks commit with
+// save_checkpoint's own protocol (commit_save: the manifest is published only when every rank's shard is durable,
+// then `latest`, then pruning) at the first step boundary where every rank's write is done. The file format is the
+// blocking save's, so loading, resharding, ZeRO-1 slices and export do not tell them apart.
 //
-// Contract (the same on every rank, like every collective): start() at the same save steps, poll() at every step
-// boundary while in_flight(), drain() before a save that must be on disk (the stop-save, the final save), before
-// the next start() and before the run ends. At most one save is in flight per rank; draining one whose write is
-// still running is the only time a step waits for the disk (write_done() says whether it will). A crash at any point leaves the previous checkpoint as
-// the newest complete one: the new one is only ever a .tmp_step_* directory until commit_save renames it.
+// The staging copy: host state is copied by the background thread itself, before it writes, while the next step's
+// forward and backward run (they read the master weights and the optimizer state but do not write them); the step
+// waits for that copy at its update (wait_staged(), the training loop's before_update observer), so a step pays for
+// the copy only where the copy is slower than a forward and backward. Device state is copied at start() (one
+// device -> host copy into page-locked memory, which waits for the compute stream).
+//
+// Contract (the same on every rank, like every collective): start() at the same save steps, wait_staged() before
+// anything writes the state start() was given, poll() at every step boundary while in_flight(), drain() before a
+// save that must be on disk (the stop-save, the final save), before the next start() and before the run ends. At
+// most one save is in flight per rank; draining one whose write is still running is the only time a step waits for
+// the disk (write_done() says whether it will). A crash at any point leaves the previous checkpoint as the newest
+// complete one: the new one is only ever a .tmp_step_* directory until commit_save renames it.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -39,11 +48,16 @@ class AsyncCheckpointer {
     std::vector<std::string> warnings;  // rank 0: damaged checkpoints moved aside (commit_save)
   };
 
-  // Collective, at a save step, with no save in flight (drain() it first; throws Error otherwise): copies this
-  // rank's shard of every buffer of `state` (host tensors, or device tensors: Trainer::checkpoint_state(true); one
-  // device -> host copy, which waits for the compute stream) and the manifest fields into the staging buffer
-  // (allocated once, reused) and starts the background write.
+  // Collective, at a save step, with no save in flight (drain() it first; throws Error otherwise): takes the manifest
+  // fields and starts the background write of this rank's shard of every buffer of `state` (host tensors, or device
+  // tensors: Trainer::checkpoint_state(true)) through the staging buffer (allocated once, reused). Host tensors are
+  // copied by the background thread: they must stay alive and unwritten until wait_staged() returns.
   void start(const CheckpointState& state);
+
+  // Waits until the staging copy of the save in flight is done (at once when it is, or none is in flight); from then
+  // on the state given to start() may change. Returns the seconds waited.
+  double wait_staged();
+  bool staged() const;
 
   // Collective, at each step boundary while in_flight(): one all-reduce (MAX) of the ranks' "still writing" flags
   // (8 bytes, host MPI on both backends); when every rank's is, commits and returns what was published. Throws Error (collective, kRuntime) on every
@@ -76,6 +90,9 @@ class AsyncCheckpointer {
   std::vector<void*> pinned_;
   size_t pinned_bytes_ = 0;  // of each pinned_ block
   ShardWrite result_;
+  mutable std::mutex staged_mu_;
+  std::condition_variable staged_cv_;
+  bool staged_ = true;  // the staging copy of the save in flight is done (guarded by staged_mu_)
   std::atomic<bool> written_{false};
   std::thread writer_;
   double started_ = 0;  // steady clock seconds at start()

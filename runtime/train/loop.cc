@@ -73,6 +73,24 @@ double peak_rss_mb() {
 
 namespace {
 
+// Holds the step's update until the asynchronous save in flight has its staging copy (AsyncCheckpointer's
+// contract: the state start() was given stays unwritten until wait_staged()), the wait timed as the checkpoint
+// phase. A no-op once the loop that owns the checkpointer is gone.
+class StagingGate : public StepObserver {
+ public:
+  StagingGate(std::weak_ptr<AsyncCheckpointer> async, PhaseTimer* timer) : async_(std::move(async)), timer_(timer) {}
+  void before_update() override {
+    const std::shared_ptr<AsyncCheckpointer> a = async_.lock();
+    if (!a || a->staged()) return;
+    PhaseScope timed(timer_, Phase::kCheckpoint);
+    a->wait_staged();
+  }
+
+ private:
+  std::weak_ptr<AsyncCheckpointer> async_;
+  PhaseTimer* timer_;
+};
+
 // run_training's state and its parts: the sinks, the checkpoint saves (blocking or asynchronous), the log windows,
 // evaluation, and the end-of-run checks. Every rank runs the same calls in the same order.
 class TrainingLoop {
@@ -108,7 +126,7 @@ class TrainingLoop {
   RunSummary s_;
   Clock::time_point last_save_ = Clock::now();
   // checkpoint.async: saves written by a background thread and published at a later step boundary.
-  std::unique_ptr<AsyncCheckpointer> async_;
+  std::shared_ptr<AsyncCheckpointer> async_;
   double window_loss_ = 0.0, window_train_s_ = 0.0;
   int64_t window_steps_ = 0, window_samples_ = 0, samples_ = 0, saved_at_ = -1;
 };
@@ -316,8 +334,10 @@ RunSummary TrainingLoop::run() {
   open_sinks();
   s_.language_model = cfg_.model().has_gpt();
   s_.phase_timing = timer_ != nullptr;
-  if (ck_.async() && !opt_.checkpoint_dir.empty())
-    async_ = std::make_unique<AsyncCheckpointer>(comm_, opt_.checkpoint_dir, ck_.keep_last(), &cfg_.fault());
+  if (ck_.async() && !opt_.checkpoint_dir.empty()) {
+    async_ = std::make_shared<AsyncCheckpointer>(comm_, opt_.checkpoint_dir, ck_.keep_last(), &cfg_.fault());
+    trainer_.add_observer(std::make_unique<StagingGate>(async_, timer_));
+  }
   const int64_t total = trainer_.total_steps();
   const int64_t first = trainer_.iteration() + 1;
   update_activity([&](Activity& a) {

@@ -86,6 +86,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   consensus_.agree(consensus_fields(), stop_request().load());
   observers_.phase_end(Phase::kUnscaleConsensus);
 
+  observers_.before_update();
   observers_.phase_begin(Phase::kOptimizer);
   if (sharded()) reduce_slice_sums(comm_, *state_, rank_sums_);  // the global norm from every rank's slice
   finish_step(*state_, step_cfg_, static_cast<double>(global_samples));  // gate, lr, clip factor, scaler update

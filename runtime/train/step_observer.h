@@ -8,6 +8,9 @@
 //                                         forward (never in evaluation)
 //   gradient(p, iteration)                a parameter's gradient is final for the step (the last micro-batch),
 //                                         before the reduction
+//   before_update()                       after the consensus and before the optimizer phase, outside any phase:
+//                                         the last point before the step writes the master weights, the optimizer
+//                                         state and the model buffers (an asynchronous save's staging copy waits here)
 //   end_step(end)                         after the update and the phase timing's step end
 //
 // Each point does nothing by default. Observers run in the order they were added, at every point.
@@ -47,6 +50,7 @@ class StepObserver {
   virtual void phase_end(Phase phase) {}
   virtual void layer_output(size_t index, Module& layer, Tensor& y, size_t micro, int64_t iteration) {}
   virtual void gradient(Parameter& p, int64_t iteration) {}
+  virtual void before_update() {}
   virtual void end_step(StepEnd& end) {}
 };
 
@@ -75,6 +79,9 @@ class StepObservers {
   }
   void gradient(Parameter& p, int64_t iteration) {
     for (auto& o : list_) o->gradient(p, iteration);
+  }
+  void before_update() {
+    for (auto& o : list_) o->before_update();
   }
   void end_step(StepEnd& end) {
     for (auto& o : list_) o->end_step(end);

@@ -160,6 +160,9 @@ class Trainer {
   // The step's phase timer (log.phase_timing; null when off): host clocks on the CPU, CUDA events on the GPU. The
   // training loop collects it at log steps and times checkpoint saves with it.
   PhaseTimer* phase_timer() { return timer_; }
+  // Adds an observer of the step (step_observer.h) after the trainer's own (phase timing, fault drills, numerics
+  // report); the training loop's asynchronous checkpoint waits for its staging copy at before_update().
+  void add_observer(std::unique_ptr<StepObserver> o) { observers_.add(std::move(o)); }
 
  private:
   // ---- step.cc

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "runtime/checkpoint/async_checkpoint.h"
+#include "runtime/train/step_observer.h"
 #include "test_util.h"
 
 namespace ampdist {
@@ -195,6 +197,49 @@ TEST(Checkpoint, SaveLoadSaveIsByteIdentical) {
       EXPECT_EQ(slurp(e.path().string()), slurp(pb + "/" + name)) << name << " differs after save -> load -> save";
     }
   }
+}
+
+// An asynchronous save copies host state on its background thread while the next step's forward and backward run;
+// the step waits for that copy at before_update(), the observer point after the consensus and before the step
+// writes the master weights and the optimizer state. So the checkpoint holds the state of the step it was started
+// at, bit for bit, although the next step changed that state while the save was being written.
+TEST(AsyncCheckpoint, HoldsTheStateOfItsStepWhileTheNextStepUpdatesIt) {
+  MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
+  SharedTempDir tmp(comm);
+  const RunConfig cfg = config(job("precision { dtype: BF16 } train { steps: 20 }"));
+  auto t = make_trainer(cfg, comm);
+  t->set_run_id("0123456789abcdef");
+  auto async = std::make_shared<AsyncCheckpointer>(comm, tmp.path(), 0, nullptr);
+  struct Gate : StepObserver {
+    AsyncCheckpointer* async = nullptr;
+    const Tensor* master = nullptr;
+    std::vector<uint8_t> at_gate;
+    void before_update() override {
+      async->wait_staged();
+      at_gate = bytes(*master);
+    }
+  };
+  auto gate = std::make_unique<Gate>();
+  Gate* g = gate.get();
+  g->async = async.get();
+  g->master = &t->masters().master();
+  t->add_observer(std::move(gate));
+  for (int step = 1; step <= 3; ++step) t->step();
+  const std::vector<uint8_t> saved = bytes(t->masters().master());
+  const std::vector<uint8_t> saved_exp_avg = bytes(*t->checkpoint_state().buffers.at(1).second);
+  async->start(t->checkpoint_state());
+  t->step();
+  EXPECT_TRUE(g->at_gate == saved) << "before_update() came after the step wrote the master weights";
+  EXPECT_FALSE(bytes(t->masters().master()) == saved) << "the step did not change the master weights";
+  const std::optional<AsyncCheckpointer::Published> p = async->drain();
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->step, 3);
+  const std::vector<float> master = read_checkpoint_buffer(p->path, "master");
+  const std::vector<float> exp_avg = read_checkpoint_buffer(p->path, t->checkpoint_state().buffers.at(1).first);
+  ASSERT_EQ(master.size() * sizeof(float), saved.size());
+  EXPECT_EQ(std::memcmp(master.data(), saved.data(), saved.size()), 0);
+  ASSERT_EQ(exp_avg.size() * sizeof(float), saved_exp_avg.size());
+  EXPECT_EQ(std::memcmp(exp_avg.data(), saved_exp_avg.data(), saved_exp_avg.size()), 0);
 }
 
 // The writer streams each record's payload from the state to the file; its bytes must be exactly what protobuf
