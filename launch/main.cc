@@ -24,6 +24,7 @@
 #include "launch/train_command.h"
 #include "runtime/train/loop.h"  // stop_signal_notice
 #include "runtime/train/trainer.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/core/error.h"
 #include "runtime/kernels/cpu/isa.h"
 
@@ -280,10 +281,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // AMPDIST_MAX_CPU_ISA is read here, before any kernel runs: a bad value is bad input (one line, exit 2) on every
-  // rank alike, as every rank of a job sees the same environment.
+  // AMPDIST_MAX_CPU_ISA and AMPDIST_CKPT_DIRECT_IO are read here, before any kernel runs or any checkpoint is
+  // touched: a bad value is bad input (one line, exit 2) on every rank alike, as every rank of a job sees the same
+  // environment.
   try {
     ampdist::kernels::cpu::isa::max_class();
+    ampdist::checkpoint_direct_io();
   } catch (const ampdist::Error& e) {
     if (rank == 0) std::fprintf(stderr, "ampdist: error: %s\n", e.what());
     return e.exit_code();

@@ -73,8 +73,15 @@ void AsyncCheckpointer::start(const CheckpointState& state) {
   pending_ = true;
   started_ = now_s();
   const int rank = comm_.rank(), world = comm_.world_size();
-  writer_ = std::thread([this, staged = std::move(staged), copies = std::move(host_copies), bytes, rank, world] {
+  // fault.slow_save with before_staging_copy: a slow staging copy (the drill's pause, before the copy).
+  const double copy_pause = faults_ && faults_->has_slow_save() && faults_->slow_save().before_staging_copy() &&
+                                    faults_->slow_save().step() == target_.step && faults_->slow_save().rank() == rank
+                                ? faults_->slow_save().seconds()
+                                : 0.0;
+  writer_ = std::thread([this, staged = std::move(staged), copies = std::move(host_copies), bytes, rank, world,
+                         copy_pause] {
     if (!copies.empty()) {
+      if (copy_pause > 0) std::this_thread::sleep_for(std::chrono::duration<double>(copy_pause));
       for (const auto& [src, dst] : copies) std::memcpy(dst, src, bytes);
       {
         std::lock_guard<std::mutex> lock(staged_mu_);

@@ -49,6 +49,10 @@ struct LoadStats {
 
 // "step_00001200"
 std::string checkpoint_name(int64_t step);
+// Whether shard files are written and read with O_DIRECT where the file system takes it: false when the environment
+// sets AMPDIST_CKPT_DIRECT_IO to 0, false, off or no (runtime/checkpoint/direct_io.h says why and how). Throws
+// BadInput naming the variable for any other value than those and 1, true, on, yes.
+bool checkpoint_direct_io();
 
 // Collective. Writes the checkpoint of state.meta.step() under `dir` and returns its path. Throws Error (kRuntime) on
 // every rank when any rank failed to write; the partial directory is removed and the previous checkpoints stay as

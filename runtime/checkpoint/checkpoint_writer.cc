@@ -113,6 +113,8 @@ ShardResult write_shard(const std::string& path, const CheckpointState& state, i
 
 }  // namespace
 
+bool checkpoint_direct_io() { return direct_io_enabled(); }
+
 std::string checkpoint_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
@@ -166,7 +168,7 @@ ShardWrite write_own_shard(const SaveTarget& t, const CheckpointState& state, in
     const bool fail = faults && faults->has_save_error() && faults->save_error().step() == t.step &&
                       faults->save_error().rank() == rank;
     const bool slow = faults && faults->has_slow_save() && faults->slow_save().step() == t.step &&
-                      faults->slow_save().rank() == rank;
+                      faults->slow_save().rank() == rank && !faults->slow_save().before_staging_copy();
     const ShardResult r = write_shard((fs::path(t.tmp) / shard_name(rank, world)).string(), state, t.begin, t.count,
                                       t.per_record, die, fail ? (faults->save_error().disk_full() ? ENOSPC : EIO) : 0,
                                       slow ? faults->slow_save().seconds() : 0.0);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <new>
 
@@ -48,7 +49,12 @@ bool drop_direct(int fd) {
 bool direct_io_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("AMPDIST_CKPT_DIRECT_IO");
-    return v == nullptr || std::strcmp(v, "0") != 0;
+    if (v == nullptr || *v == '\0') return true;
+    std::string s(v);
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+    if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+    throw BadInput("AMPDIST_CKPT_DIRECT_IO", "is '" + std::string(v) + "': expected 1/true/on/yes or 0/false/off/no");
   }();
   return enabled;
 }
@@ -111,6 +117,7 @@ void ShardFileWriter::submit(size_t bytes) {
 }
 
 void ShardFileWriter::flush() {
+  if (flushed_) return;
   if (filling_ != nullptr && filled_ > 0) {
     // The tail block: zero-padded to the alignment an O_DIRECT write needs, cut back to the true size below.
     const size_t padded = direct_ ? static_cast<size_t>(align_up(static_cast<int64_t>(filled_))) : filled_;
@@ -128,6 +135,7 @@ void ShardFileWriter::flush() {
   throw_if_failed();
   if (submitted_ != appended_ && ::ftruncate(fd_, appended_) != 0)
     throw Error(path_ + ": write failed: " + errno_text());
+  flushed_ = true;
 }
 
 void ShardFileWriter::finish() {

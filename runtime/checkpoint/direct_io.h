@@ -9,9 +9,10 @@
 // checkpoint writers to O_DIRECT. Alignment: file offsets, lengths and memory of every O_DIRECT transfer are
 // multiples of kDirectAlign (4096, the logical block size of every common disk; 512-byte devices accept it too).
 //
-// Where O_DIRECT is refused (tmpfs, some FUSE and network file systems: EINVAL at open or at the first transfer), or
-// AMPDIST_CKPT_DIRECT_IO=0 is set in the environment, the same classes use buffered I/O. Either way the bytes in the
-// file are the same.
+// Where O_DIRECT is refused (tmpfs before Linux 6.6, ramfs, some FUSE and network file systems: EINVAL at open or at
+// the first transfer), or AMPDIST_CKPT_DIRECT_IO=0 is set in the environment, the same classes use buffered I/O.
+// Either way the bytes in the file are the same. With O_DIRECT the last block is written padded to 4096 bytes and
+// then cut back, so a disk within 4 KiB of full can refuse a save that buffered I/O would just fit.
 #pragma once
 
 #include <condition_variable>
@@ -31,7 +32,8 @@ namespace ampdist::ckpt {
 inline constexpr size_t kDirectAlign = 4096;
 inline constexpr size_t kStreamBlockBytes = size_t{8} << 20;  // one transfer; a multiple of kDirectAlign
 
-// False when AMPDIST_CKPT_DIRECT_IO=0 (read once per process).
+// False when AMPDIST_CKPT_DIRECT_IO is 0, false, off or no (read once per process); throws BadInput naming the
+// variable for a value that is none of those nor 1, true, on, yes.
 bool direct_io_enabled();
 
 // An aligned buffer of kStreamBlockBytes (freed with the object).
@@ -91,7 +93,7 @@ class ShardFileWriter {
   std::deque<Job> jobs_;
   int in_flight_ = 0;
   int error_ = 0;  // errno of the first failed write
-  bool stop_ = false;
+  bool stop_ = false, flushed_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   std::thread worker_;

@@ -251,6 +251,11 @@ expect_error "16c batch not a multiple of world size names the config file" mpi 
 both "16d batch larger than the dataset names the config file" \
   "re:^ampdist: error: $BASE \(with command-line overrides\): data.global_batch_size = 1000000 is larger" -- \
   train --config "$BASE" --set data.global_batch_size=1000000
+# An environment switch with a value it does not know (here the checkpoint I/O switch) is bad input too, before any
+# rank trains or touches a checkpoint; mpirun passes it to every rank.
+AMPDIST_CKPT_DIRECT_IO=maybe both "16e unknown AMPDIST_CKPT_DIRECT_IO value names the variable" \
+  "re:^ampdist: error: AMPDIST_CKPT_DIRECT_IO: is 'maybe': expected" -- \
+  train --config "$BASE" --set checkpoint.every_steps=1 --run-dir "$TMP/env16e"
 
 # ---- positive control -------------------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 // working copy), exact resume, save -> load -> save byte-identity, and loading on another world size
 // (sub-communicators of this MPI world stand in for a job started again on fewer or more ranks). A resumed trainer is
 // a new Trainer object that gets every bit of its state from the checkpoint, as new processes would.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -201,15 +202,22 @@ TEST(Checkpoint, SaveLoadSaveIsByteIdentical) {
 
 // An asynchronous save copies host state on its background thread while the next step's forward and backward run;
 // the step waits for that copy at before_update(), the observer point after the consensus and before the step
-// writes the master weights and the optimizer state. So the checkpoint holds the state of the step it was started
-// at, bit for bit, although the next step changed that state while the save was being written.
+// writes the master weights and the optimizer state. Here the last rank's copy is held back for 1 s (the slow-save
+// drill before the staging copy), far longer than the tiny model's forward and backward: were the step not to wait,
+// that rank's shard would hold the next step's master weights. So the checkpoint must hold the state of the step it
+// was started at, bit for bit, although the next step changed that state while the save was being written.
 TEST(AsyncCheckpoint, HoldsTheStateOfItsStepWhileTheNextStepUpdatesIt) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   SharedTempDir tmp(comm);
   const RunConfig cfg = config(job("precision { dtype: BF16 } train { steps: 20 }"));
   auto t = make_trainer(cfg, comm);
   t->set_run_id("0123456789abcdef");
-  auto async = std::make_shared<AsyncCheckpointer>(comm, tmp.path(), 0, nullptr);
+  FaultConfig faults;
+  faults.mutable_slow_save()->set_step(3);
+  faults.mutable_slow_save()->set_rank(comm.world_size() - 1);
+  faults.mutable_slow_save()->set_seconds(1.0f);
+  faults.mutable_slow_save()->set_before_staging_copy(true);
+  auto async = std::make_shared<AsyncCheckpointer>(comm, tmp.path(), 0, &faults);
   struct Gate : StepObserver {
     AsyncCheckpointer* async = nullptr;
     const Tensor* master = nullptr;
@@ -228,7 +236,12 @@ TEST(AsyncCheckpoint, HoldsTheStateOfItsStepWhileTheNextStepUpdatesIt) {
   const std::vector<uint8_t> saved = bytes(t->masters().master());
   const std::vector<uint8_t> saved_exp_avg = bytes(*t->checkpoint_state().buffers.at(1).second);
   async->start(t->checkpoint_state());
+  const auto t0 = std::chrono::steady_clock::now();
   t->step();
+  const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (comm.rank() == comm.world_size() - 1) {
+    EXPECT_GE(step_s, 0.9) << "the step did not wait for the staging copy";
+  }
   EXPECT_TRUE(g->at_gate == saved) << "before_update() came after the step wrote the master weights";
   EXPECT_FALSE(bytes(t->masters().master()) == saved) << "the step did not change the master weights";
   const std::optional<AsyncCheckpointer::Published> p = async->drain();
