@@ -69,6 +69,7 @@ AlignedBlock::~AlignedBlock() { std::free(p_); }
 ShardFileWriter::ShardFileWriter(const std::string& path, bool try_direct) : path_(path), blocks_(kBlocks) {
   fd_ = open_maybe_direct(path, O_WRONLY | O_CREAT | O_TRUNC, try_direct, direct_);
   if (fd_ < 0) throw Error(path + ": cannot create: " + errno_text());
+  worker_direct_ = direct_;
   for (AlignedBlock& b : blocks_) free_.push_back(&b);
   filling_ = free_.back();
   free_.pop_back();
@@ -156,7 +157,10 @@ bool ShardFileWriter::write_block(const Job& job) {
   while (done < job.bytes) {
     const ssize_t w = ::pwrite(fd_, job.block->data() + done, job.bytes - done, job.offset + static_cast<int64_t>(done));
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno == EINVAL && direct_ && done == 0 && drop_direct(fd_)) continue;  // refused after open
+    if (w < 0 && errno == EINVAL && worker_direct_ && done == 0 && drop_direct(fd_)) {
+      worker_direct_ = false;  // refused after open: buffered from here (once: a second EINVAL is an error)
+      continue;
+    }
     if (w <= 0) {
       if (w == 0) errno = EIO;
       return false;

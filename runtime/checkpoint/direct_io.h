@@ -84,7 +84,8 @@ class ShardFileWriter {
 
   std::string path_;
   int fd_ = -1;
-  bool direct_ = false;
+  bool direct_ = false;         // opened with O_DIRECT
+  bool worker_direct_ = false;  // the worker's view: false once a transfer was refused and O_DIRECT dropped
   std::vector<AlignedBlock> blocks_;
   std::vector<AlignedBlock*> free_;
   AlignedBlock* filling_ = nullptr;
