@@ -92,58 +92,99 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
     const int64_t slice_begin = begin, slice_end = begin + (r < world ? slice_count(r) : 0);
     begin = slice_end;
     if (!shard_file_ok(file, info, p)) continue;
-    std::string bytes;
-    try {
-      bytes = read_file(file);
-    } catch (const Error& e) {
-      p.add(e.what());
+    // The shard streams through once (direct_io.h, as a load reads it): each piece goes into the file's XXH3 and onto
+    // the bytes not yet parsed, and every record complete there is parsed from its own bounded range (a shard may
+    // exceed the 2 GiB a single protobuf input stream can address, a record, <= 64 MiB of payload, never does). So
+    // memory holds one record and one block, not the shard. The file's XXH3 is checked at the end, and a mismatch is
+    // the one problem reported for the file (what the records showed is then moot).
+    ShardFileReader stream(file, {{0, info.bytes()}});
+    if (!stream.ok()) {
+      p.add(file + ": cannot be read: " + stream.error());
       continue;
     }
-    if (XXH3_64bits(bytes.data(), bytes.size()) != info.xxh3()) {
+    XXH3_state_t* file_hash = XXH3_createState();
+    XXH3_64bits_reset(file_hash);
+    std::string pending;  // bytes read and not yet parsed, from `at` on
+    size_t at = 0;
+    int64_t records = 0, parsed_bytes = 0;
+    bool bad = false;
+    Problems found;  // this file's record problems, reported only when its XXH3 matches
+    auto parse_complete_records = [&](bool at_end) {
+      while (!bad && at < pending.size()) {
+        const size_t avail = pending.size() - at;
+        const auto* head = reinterpret_cast<const uint8_t*>(pending.data()) + at;
+        pbio::CodedInputStream header(head, static_cast<int>(std::min<size_t>(avail, 10)));
+        uint32_t len = 0;
+        const bool has_len = header.ReadVarint32(&len);
+        if (!has_len && avail < 10 && !at_end) break;  // the length prefix continues in the next piece
+        const size_t prefix = static_cast<size_t>(header.CurrentPosition());
+        const int64_t left_in_file = info.bytes() - parsed_bytes - static_cast<int64_t>(prefix);
+        if (!has_len || static_cast<int64_t>(len) > left_in_file || len > static_cast<uint32_t>(INT32_MAX)) {
+          found.add(file + ": record " + std::to_string(records) + " does not parse");
+          bad = true;
+          break;
+        }
+        if (avail - prefix < len) {
+          if (at_end) {
+            found.add(file + ": record " + std::to_string(records) + " does not parse");
+            bad = true;
+          }
+          break;  // the record continues in the next piece
+        }
+        ShardRecord rec;
+        if (!rec.ParseFromArray(pending.data() + at + prefix, static_cast<int>(len))) {
+          found.add(file + ": record " + std::to_string(records) + " does not parse");
+          bad = true;
+          break;
+        }
+        at += prefix + len;
+        parsed_bytes += static_cast<int64_t>(prefix + len);
+        ++records;
+        if (rec.run_id() != m.run_id()) {
+          found.add(file + ": belongs to run " + rec.run_id() + ", the manifest to run " + m.run_id() +
+                    " (a manifest from another run?)");
+          bad = true;
+        } else if (rec.data().size() % sizeof(float) != 0 ||
+                   rec.count() != static_cast<int64_t>(rec.data().size() / sizeof(float)) ||
+                   XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
+          found.add(file + ": record " + std::to_string(records - 1) + " (" + rec.buffer() + ") fails its XXH3 check");
+          bad = true;
+        } else if (rec.offset() < slice_begin || rec.offset() > slice_end - rec.count()) {
+          found.add(file + ": record " + std::to_string(records - 1) + " lies outside rank " + std::to_string(r) +
+                    "'s slice");
+          bad = true;
+        } else {
+          covered[rec.buffer()] += rec.count();
+          if (copy) {
+            auto it = buffers->find(rec.buffer());
+            if (it != buffers->end())
+              std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
+          }
+        }
+      }
+      if (at > 0 && (at == pending.size() || at >= (size_t{16} << 20))) {  // drop what is parsed
+        pending.erase(0, at);
+        at = 0;
+      }
+    };
+    const bool read_ok = stream.consume(0, info.bytes(), [&](const char* bytes, size_t n) {
+      XXH3_64bits_update(file_hash, bytes, n);
+      if (bad) return;
+      pending.append(bytes, n);
+      parse_complete_records(false);
+    });
+    if (read_ok) parse_complete_records(true);
+    const bool hash_ok = read_ok && XXH3_64bits_digest(file_hash) == info.xxh3();
+    XXH3_freeState(file_hash);
+    if (!read_ok) {
+      p.add(file + ": cannot be read whole (" + std::to_string(info.bytes()) + " bytes)");
+      continue;
+    }
+    if (!hash_ok) {
       p.add(file + ": XXH3 of the file does not match the manifest (corrupted)");
       continue;
     }
-    // Record by record, each parsed from its own bounded range: a shard may exceed the 2 GiB a single protobuf
-    // input stream can address, a record (<= 64 MiB of payload) never does.
-    int64_t records = 0;
-    bool bad = false;
-    for (size_t pos = 0; !bad && pos < bytes.size();) {
-      const auto* at = reinterpret_cast<const uint8_t*>(bytes.data()) + pos;
-      pbio::CodedInputStream header(at, static_cast<int>(std::min<size_t>(bytes.size() - pos, 10)));
-      uint32_t len = 0;
-      ShardRecord rec;
-      const bool has_len = header.ReadVarint32(&len);
-      const size_t start = pos + static_cast<size_t>(header.CurrentPosition());
-      if (!has_len || len > bytes.size() - start || len > static_cast<uint32_t>(INT32_MAX) ||
-          !rec.ParseFromArray(bytes.data() + start, static_cast<int>(len))) {
-        p.add(file + ": record " + std::to_string(records) + " does not parse");
-        bad = true;
-        break;
-      }
-      pos = start + len;
-      ++records;
-      if (rec.run_id() != m.run_id()) {
-        p.add(file + ": belongs to run " + rec.run_id() + ", the manifest to run " + m.run_id() +
-              " (a manifest from another run?)");
-        bad = true;
-      } else if (rec.data().size() % sizeof(float) != 0 ||
-                 rec.count() != static_cast<int64_t>(rec.data().size() / sizeof(float)) ||
-                 XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
-        p.add(file + ": record " + std::to_string(records - 1) + " (" + rec.buffer() + ") fails its XXH3 check");
-        bad = true;
-      } else if (rec.offset() < slice_begin || rec.offset() > slice_end - rec.count()) {
-        p.add(file + ": record " + std::to_string(records - 1) + " lies outside rank " + std::to_string(r) +
-              "'s slice");
-        bad = true;
-      } else {
-        covered[rec.buffer()] += rec.count();
-        if (copy) {
-          auto it = buffers->find(rec.buffer());
-          if (it != buffers->end())
-            std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
-        }
-      }
-    }
+    for (const std::string& line : found.lines) p.add(line);
     if (!bad && records != info.records())
       p.add(file + ": " + std::to_string(records) + " records, the manifest says " + std::to_string(info.records()));
   }
