@@ -59,7 +59,7 @@ bool direct_io_enabled() {
   return enabled;
 }
 
-AlignedBlock::AlignedBlock() : p_(static_cast<char*>(std::aligned_alloc(kDirectAlign, kStreamBlockBytes))) {
+AlignedBlock::AlignedBlock(size_t bytes) : p_(static_cast<char*>(std::aligned_alloc(kDirectAlign, bytes))) {
   if (p_ == nullptr) throw std::bad_alloc();
 }
 AlignedBlock::~AlignedBlock() { std::free(p_); }
@@ -213,9 +213,14 @@ ShardFileReader::ShardFileReader(const std::string& path, std::vector<std::pair<
       at = t.end;
     }
   }
-  blocks_ = std::vector<AlignedBlock>(kReadBlocks);
+  // A small file (a test's, a tiny model's) gets one small block and one thread, not 4 x 8 MiB and two.
+  int64_t largest = 0;
+  for (const Transfer& t : transfers_) largest = std::max(largest, t.end - t.at);
+  const size_t n = transfers_.size();
+  for (size_t i = 0; i < std::min<size_t>(kReadBlocks, n); ++i)
+    blocks_.emplace_back(static_cast<size_t>(align_up(largest)));
   for (AlignedBlock& b : blocks_) free_.push_back(&b);
-  for (int i = 0; i < kReadThreads; ++i) workers_.emplace_back([this] { run(); });
+  for (size_t i = 0; i < std::min<size_t>(kReadThreads, n); ++i) workers_.emplace_back([this] { run(); });
 }
 
 ShardFileReader::~ShardFileReader() {

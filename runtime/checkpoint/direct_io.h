@@ -36,10 +36,10 @@ inline constexpr size_t kStreamBlockBytes = size_t{8} << 20;  // one transfer; a
 // variable for a value that is none of those nor 1, true, on, yes.
 bool direct_io_enabled();
 
-// An aligned buffer of kStreamBlockBytes (freed with the object).
+// An aligned buffer of `bytes` (a multiple of kDirectAlign; freed with the object).
 class AlignedBlock {
  public:
-  AlignedBlock();
+  explicit AlignedBlock(size_t bytes = kStreamBlockBytes);
   ~AlignedBlock();
   AlignedBlock(const AlignedBlock&) = delete;
   AlignedBlock& operator=(const AlignedBlock&) = delete;
@@ -141,7 +141,7 @@ class ShardFileReader {
   size_t next_range_ = 0;
   std::vector<Transfer> transfers_;
   size_t next_transfer_ = 0, next_piece_ = 0;
-  std::vector<AlignedBlock> blocks_;
+  std::deque<AlignedBlock> blocks_;  // as many as reads can use, each as large as the largest read
   std::vector<AlignedBlock*> free_;
   std::map<size_t, Piece> ready_;  // by transfer index
   bool stop_ = false;
