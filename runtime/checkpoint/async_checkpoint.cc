@@ -94,12 +94,9 @@ void AsyncCheckpointer::start(const CheckpointState& state) {
   });
 }
 
-double AsyncCheckpointer::wait_staged() {
+void AsyncCheckpointer::wait_staged() {
   std::unique_lock<std::mutex> lock(staged_mu_);
-  if (staged_) return 0;
-  const double t0 = now_s();
   staged_cv_.wait(lock, [&] { return staged_; });
-  return now_s() - t0;
 }
 
 bool AsyncCheckpointer::staged() const {

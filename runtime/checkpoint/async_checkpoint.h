@@ -55,8 +55,8 @@ class AsyncCheckpointer {
   void start(const CheckpointState& state);
 
   // Waits until the staging copy of the save in flight is done (at once when it is, or none is in flight); from then
-  // on the state given to start() may change. Returns the seconds waited.
-  double wait_staged();
+  // on the state given to start() may change.
+  void wait_staged();
   bool staged() const;
 
   // Collective, at each step boundary while in_flight(): one all-reduce (MAX) of the ranks' "still writing" flags

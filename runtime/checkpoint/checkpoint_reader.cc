@@ -296,8 +296,8 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
     // cache and copied to its place.
     struct Wanted {
       int buffer, index;
-      int64_t pos, off, n;
-      RecordFields rec;
+      int64_t pos;      // of the record in the file
+      RecordFields rec;  // its offset and count checked against the record index
     };
     std::vector<Wanted> wanted;
     int64_t at = 0;
@@ -310,7 +310,7 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
         at += len;
         if (off >= hi || off + n <= lo) continue;  // a record outside the range is not read
         if (buffers.find(m.buffers(b)) == buffers.end()) continue;
-        Wanted w{b, index, pos, off, n, {}};
+        Wanted w{b, index, pos, {}};
         if (!read_record_fields(fd, pos, len, w.rec)) {
           p.add(file + ": record " + std::to_string(index) + " does not parse");
           break;
@@ -341,10 +341,10 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
     }
     XXH3_state_t* hash = XXH3_createState();
     for (const Wanted& w : wanted) {
-      const int64_t c0 = std::max(w.off, lo), c1 = std::min(w.off + w.n, hi);
+      const int64_t off = w.rec.offset, c0 = std::max(off, lo), c1 = std::min(off + w.rec.count, hi);
       // Bytes [d0, d1) of the payload go to the buffer from element c0 - tb on.
-      const int64_t d0 = (c0 - w.off) * static_cast<int64_t>(sizeof(float)),
-                    d1 = (c1 - w.off) * static_cast<int64_t>(sizeof(float));
+      const int64_t d0 = (c0 - off) * static_cast<int64_t>(sizeof(float)),
+                    d1 = (c1 - off) * static_cast<int64_t>(sizeof(float));
       char* dest = reinterpret_cast<char*>(buffers.at(m.buffers(w.buffer)).data() + (c0 - tb));
       XXH3_64bits_reset(hash);
       int64_t seen = 0;

@@ -264,7 +264,6 @@ void ShardFileReader::run() {
     }
     Piece piece;
     piece.block = block;
-    piece.skip = static_cast<size_t>(t.offset - t.at);
     piece.ok = static_cast<int64_t>(got) >= t.offset + static_cast<int64_t>(t.len) - t.at;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -291,7 +290,7 @@ bool ShardFileReader::consume(int64_t offset, int64_t length, const std::functio
       ++next_piece_;
     }
     const bool ok = piece.ok && t.offset == offset + seen;
-    if (ok) fn(piece.block->data() + piece.skip, t.len);
+    if (ok) fn(piece.block->data() + (t.offset - t.at), t.len);
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(piece.block);

@@ -127,9 +127,8 @@ class ShardFileReader {
     int64_t at = 0, end = 0, offset = 0;
     size_t len = 0;
   };
-  struct Piece {
+  struct Piece {  // a transfer read: its wanted bytes start at block->data() + offset - at
     AlignedBlock* block = nullptr;
-    size_t skip = 0;  // the wanted bytes start at block->data() + skip
     bool ok = true;
   };
   void run();
