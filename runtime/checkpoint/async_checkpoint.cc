@@ -19,8 +19,8 @@ double now_s() {
 
 }  // namespace
 
-AsyncCheckpointer::AsyncCheckpointer(Communicator& comm, std::string dir, int keep_last, const FaultConfig* faults)
-    : comm_(comm), dir_(std::move(dir)), keep_last_(keep_last), faults_(faults) {}
+AsyncCheckpointer::AsyncCheckpointer(RankGroup ranks, std::string dir, int keep_last, const FaultConfig* faults)
+    : ranks_(ranks), dir_(std::move(dir)), keep_last_(keep_last), faults_(faults) {}
 
 AsyncCheckpointer::~AsyncCheckpointer() {
   if (writer_.joinable()) writer_.join();
@@ -31,7 +31,7 @@ AsyncCheckpointer::~AsyncCheckpointer() {
 void AsyncCheckpointer::start(const CheckpointState& state) {
   AMPDIST_CHECK(!pending_, "AsyncCheckpointer::start with the save of step " + std::to_string(target_.step) +
                                " still in flight: drain() it first");
-  target_ = prepare_save(comm_, state, dir_);
+  target_ = prepare_save(ranks_, state, dir_);
   meta_ = state.meta;
   names_.clear();
   staging_.resize(state.buffers.size());
@@ -72,7 +72,7 @@ void AsyncCheckpointer::start(const CheckpointState& state) {
   }
   pending_ = true;
   started_ = now_s();
-  const int rank = comm_.rank(), world = comm_.world_size();
+  const int rank = ranks_.rank(), world = ranks_.world_size();
   // fault.slow_save with before_staging_copy: a slow staging copy (the drill's pause, before the copy).
   const double copy_pause = faults_ && faults_->has_slow_save() && faults_->slow_save().before_staging_copy() &&
                                     faults_->slow_save().step() == target_.step && faults_->slow_save().rank() == rank
@@ -106,9 +106,8 @@ bool AsyncCheckpointer::staged() const {
 
 std::optional<AsyncCheckpointer::Published> AsyncCheckpointer::poll() {
   if (!pending_) return std::nullopt;
-  int64_t writing[1] = {written_.load() ? 0 : 1};
-  comm_.allreduce_i64(writing, ReduceOp::kMax, "asynchronous checkpoint progress all-reduce");
-  if (writing[0] != 0) return std::nullopt;  // some rank is still writing
+  if (ranks_.max(written_.load() ? 0 : 1, "asynchronous checkpoint progress all-reduce") != 0)
+    return std::nullopt;  // some rank is still writing
   return commit();
 }
 
@@ -122,7 +121,7 @@ std::optional<AsyncCheckpointer::Published> AsyncCheckpointer::commit() {
   pending_ = false;
   Published p;
   p.step = target_.step;
-  p.path = commit_save(comm_, target_, meta_, names_, result_, keep_last_, &p.warnings);
+  p.path = commit_save(ranks_, target_, meta_, names_, result_, keep_last_, &p.warnings);
   p.seconds = now_s() - started_;
   return p;
 }

@@ -34,7 +34,7 @@ namespace ampdist {
 class AsyncCheckpointer {
  public:
   // `dir` as save_checkpoint's; `faults` (may be null) outlives this object.
-  AsyncCheckpointer(Communicator& comm, std::string dir, int keep_last, const FaultConfig* faults);
+  AsyncCheckpointer(RankGroup ranks, std::string dir, int keep_last, const FaultConfig* faults);
   // Waits for this rank's background write, if any; never publishes (drain() does, collectively).
   ~AsyncCheckpointer();
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
@@ -76,7 +76,7 @@ class AsyncCheckpointer {
  private:
   std::optional<Published> commit();
 
-  Communicator& comm_;
+  RankGroup ranks_;
   std::string dir_;
   int keep_last_;
   const FaultConfig* faults_;

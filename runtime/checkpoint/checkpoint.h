@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "ampdist/checkpoint.pb.h"
-#include "comm/communicator.h"
 #include "runtime/core/tensor.h"
+#include "runtime/dist/rank_group.h"
 
 namespace ampdist {
 
@@ -61,7 +61,7 @@ bool checkpoint_direct_io();
 // rank pauses halfway through its shard). A damaged checkpoint is never written over or pruned: one in the way
 // (same step, or beyond keep_last) that is not whole (whole_checkpoint_problem) is moved aside
 // (move_aside_damaged), and rank 0 appends a line saying so to `warnings`.
-std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
+std::string save_checkpoint(RankGroup ranks, const CheckpointState& state, const std::string& dir, int keep_last,
                             const FaultConfig* faults = nullptr, std::vector<std::string>* warnings = nullptr);
 
 // The three phases of save_checkpoint, also run apart by the asynchronous writer (async_checkpoint.h):
@@ -85,12 +85,12 @@ struct ShardWrite {
   int err = 0;        // errno of a failed write, 0 when written
   std::string error;  // what failed, "" when written
 };
-SaveTarget prepare_save(Communicator& comm, const CheckpointState& state, const std::string& dir);
+SaveTarget prepare_save(RankGroup ranks, const CheckpointState& state, const std::string& dir);
 // `state` holds at least this rank's shard [t.begin, t.begin + t.count) of every buffer (state.begin says where its
 // tensors start). Never throws: a failure is in the result.
 ShardWrite write_own_shard(const SaveTarget& t, const CheckpointState& state, int rank, int world,
                            const FaultConfig* faults);
-std::string commit_save(Communicator& comm, const SaveTarget& t, const Manifest& meta,
+std::string commit_save(RankGroup ranks, const SaveTarget& t, const Manifest& meta,
                         const std::vector<std::string>& buffer_names, const ShardWrite& mine, int keep_last,
                         std::vector<std::string>* warnings);
 
@@ -100,7 +100,7 @@ Manifest read_manifest(const std::string& path);
 // Collective. Verifies the checkpoint at `path` against `into` (same tensors and buffers) and then copies every
 // buffer into `into.buffers`. Returns the manifest. Throws Error (kBadInput) on every rank, before touching any
 // state, when any rank found a problem.
-Manifest load_checkpoint(Communicator& comm, const std::string& path, CheckpointState& into,
+Manifest load_checkpoint(RankGroup ranks, const std::string& path, CheckpointState& into,
                          LoadStats* stats = nullptr);
 
 // Every problem of the checkpoint at `path` (manifest, sizes, hashes, records, coverage), one line each; empty when

@@ -408,7 +408,7 @@ std::vector<std::string> verify_checkpoint(const std::string& path) {
   return p.lines;
 }
 
-Manifest load_checkpoint(Communicator& comm, const std::string& path, CheckpointState& into, LoadStats* stats) {
+Manifest load_checkpoint(RankGroup ranks, const std::string& path, CheckpointState& into, LoadStats* stats) {
   Problems p;
   Manifest m;
   LoadStats local;
@@ -419,13 +419,13 @@ Manifest load_checkpoint(Communicator& comm, const std::string& path, Checkpoint
   // the slice its sharded state holds.
   const int64_t held = into.buffers.empty() ? 0 : into.buffers.front().second->numel();
   const bool replicated = into.numel < 0 || (into.begin == 0 && held == into.numel);
-  const std::vector<int64_t> counts = shard_counts(into.numel >= 0 ? into.numel : held, comm.world_size());
+  const std::vector<int64_t> counts = shard_counts(into.numel >= 0 ? into.numel : held, ranks.world_size());
   int64_t tb = into.begin;
   if (replicated) {
     tb = 0;
-    for (int r = 0; r < comm.rank(); ++r) tb += counts[r];
+    for (int r = 0; r < ranks.rank(); ++r) tb += counts[r];
   }
-  const int64_t te = tb + (replicated ? counts[comm.rank()] : held);
+  const int64_t te = tb + (replicated ? counts[ranks.rank()] : held);
   try {
     m = read_manifest(path);
     check_compatible(path, m, into, p);
@@ -450,9 +450,7 @@ Manifest load_checkpoint(Communicator& comm, const std::string& path, Checkpoint
   }
   if (stats) *stats = local;
   // Every rank read and checked everything; they agree before any state changes.
-  int64_t bad[1] = {p.lines.empty() ? 0 : 1};
-  comm.allreduce_i64(bad, ReduceOp::kSum, "checkpoint verification all-reduce");
-  if (bad[0] > 0) {
+  if (ranks.sum(p.lines.empty() ? 0 : 1, "checkpoint verification all-reduce") > 0) {
     if (!p.lines.empty()) throw Error(p.lines.front(), ErrorKind::kBadInput);
     Error e("checkpoint " + path + " failed verification on another rank", ErrorKind::kBadInput);
     e.set_secondary();
@@ -461,8 +459,9 @@ Manifest load_checkpoint(Communicator& comm, const std::string& path, Checkpoint
   for (auto& [name, tensor] : into.buffers) {
     const std::span<float> src = range.at(name);
     std::memcpy(tensor->data_as<float>() + (tb - into.begin), src.data(), src.size() * sizeof(float));
-    if (replicated && comm.world_size() > 1)
-      comm.allgather_inplace_async(tensor->data(), counts, DType::kFloat32, "checkpoint load all-gather")->wait();
+    if (replicated)
+      ranks.gather_slices(std::span<float>(tensor->data_as<float>(), static_cast<size_t>(tensor->numel())), counts,
+                          "checkpoint load all-gather");
   }
   return m;
 }

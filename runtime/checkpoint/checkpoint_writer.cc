@@ -121,8 +121,8 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-SaveTarget prepare_save(Communicator& comm, const CheckpointState& state, const std::string& dir) {
-  const int rank = comm.rank(), world = comm.world_size();
+SaveTarget prepare_save(RankGroup ranks, const CheckpointState& state, const std::string& dir) {
+  const int rank = ranks.rank(), world = ranks.world_size();
   SaveTarget t;
   t.dir = dir;
   t.step = state.meta.step();
@@ -150,7 +150,7 @@ SaveTarget prepare_save(Communicator& comm, const CheckpointState& state, const 
       t.prepare_error = "cannot prepare " + t.tmp + ": " + e.what();
     }
   }
-  comm.barrier("checkpoint directory barrier");
+  ranks.barrier("checkpoint directory barrier");
   return t;
 }
 
@@ -183,14 +183,14 @@ ShardWrite write_own_shard(const SaveTarget& t, const CheckpointState& state, in
   return w;
 }
 
-std::string commit_save(Communicator& comm, const SaveTarget& t, const Manifest& meta,
+std::string commit_save(RankGroup ranks, const SaveTarget& t, const Manifest& meta,
                         const std::vector<std::string>& buffer_names, const ShardWrite& mine, int keep_last,
                         std::vector<std::string>* warnings) {
-  const int rank = comm.rank(), world = comm.world_size();
+  const int rank = ranks.rank(), world = ranks.world_size();
   std::string error = mine.error;
   // Everyone learns whether every shard is on disk, and which rank failed with what, before anything is published.
   const std::vector<uint64_t> errnos =
-      comm.allgather_u64(error.empty() ? 0 : (mine.err ? mine.err : EIO), "checkpoint status gather");
+      ranks.gather(error.empty() ? 0 : (mine.err ? mine.err : EIO), "checkpoint status gather");
   int64_t failed = 0;
   std::string who;
   for (int r = 0; r < world; ++r) {
@@ -199,16 +199,16 @@ std::string commit_save(Communicator& comm, const SaveTarget& t, const Manifest&
     if (who.empty())
       who = "rank " + std::to_string(r) + " could not write its shard: " + std::strerror(static_cast<int>(errnos[r]));
   }
-  const std::vector<uint64_t> bytes = comm.allgather_u64(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");
-  const std::vector<uint64_t> records = comm.allgather_u64(static_cast<uint64_t>(mine.records), "checkpoint shard records");
-  const std::vector<uint64_t> hashes = comm.allgather_u64(mine.xxh3, "checkpoint shard hashes");
+  const std::vector<uint64_t> bytes = ranks.gather(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");
+  const std::vector<uint64_t> records = ranks.gather(static_cast<uint64_t>(mine.records), "checkpoint shard records");
+  const std::vector<uint64_t> hashes = ranks.gather(mine.xxh3, "checkpoint shard hashes");
   // Every record's length, for readers that seek: the same number of gathers on every rank (the most records any
   // rank writes, which every rank can compute), each rank giving 0 past its own.
   std::vector<std::vector<int64_t>> record_bytes(world);
   if (failed == 0) {
     for (int64_t k = 0; k < t.most_records; ++k) {
       const int64_t len = k < std::ssize(mine.record_bytes) ? mine.record_bytes[k] : 0;
-      const std::vector<uint64_t> all = comm.allgather_u64(static_cast<uint64_t>(len), "checkpoint record sizes");
+      const std::vector<uint64_t> all = ranks.gather(static_cast<uint64_t>(len), "checkpoint record sizes");
       for (int r = 0; r < world; ++r)
         if (all[r] > 0) record_bytes[r].push_back(static_cast<int64_t>(all[r]));
     }
@@ -285,20 +285,18 @@ std::string commit_save(Communicator& comm, const SaveTarget& t, const Manifest&
       error = "publishing checkpoint " + t.final_path + " failed: " + e.what();
     }
   }
-  int64_t published[1] = {rank == 0 && !error.empty() ? 1 : 0};
-  comm.allreduce_i64(published, ReduceOp::kSum, "checkpoint publish all-reduce");
-  if (published[0] > 0)  // rank 0 holds the reason, and rank 0 reports a collective error
+  if (ranks.sum(rank == 0 && !error.empty() ? 1 : 0, "checkpoint publish all-reduce") > 0)  // rank 0 holds the reason, and rank 0 reports a collective error
     throw Error(rank == 0 && !error.empty() ? error : "checkpoint " + t.final_path + " not published").set_collective();
   return t.final_path;
 }
 
-std::string save_checkpoint(Communicator& comm, const CheckpointState& state, const std::string& dir, int keep_last,
+std::string save_checkpoint(RankGroup ranks, const CheckpointState& state, const std::string& dir, int keep_last,
                             const FaultConfig* faults, std::vector<std::string>* warnings) {
-  const SaveTarget t = prepare_save(comm, state, dir);
-  const ShardWrite mine = write_own_shard(t, state, comm.rank(), comm.world_size(), faults);
+  const SaveTarget t = prepare_save(ranks, state, dir);
+  const ShardWrite mine = write_own_shard(t, state, ranks.rank(), ranks.world_size(), faults);
   std::vector<std::string> names;
   for (const auto& b : state.buffers) names.push_back(b.first);
-  return commit_save(comm, t, state.meta, names, mine, keep_last, warnings);
+  return commit_save(ranks, t, state.meta, names, mine, keep_last, warnings);
 }
 
 }  // namespace ampdist
