@@ -1,5 +1,5 @@
-// The trainer's state beyond the flat buffers: reading the step state back to the host, and what a checkpoint saves
-// and restores.
+// The trainer's state beyond the flat buffers: reading the step state back to the host, and the run's own fields of
+// a checkpoint (its tensors are the CheckpointBinding's, train/checkpoint_binding.h).
 #include <xxhash.h>
 
 #include <algorithm>
@@ -113,8 +113,7 @@ void Trainer::write_state() {
 
 CheckpointState Trainer::checkpoint_state(bool device_buffers) {
   read_now();  // the snapshot: the scaler state and step count as of the last step
-  CheckpointState s;
-  Manifest& m = s.meta;
+  Manifest m;
   m.set_run_id(run_id_);
   m.set_step(iteration_);
   const int64_t spe = steps_per_epoch();
@@ -124,77 +123,14 @@ CheckpointState Trainer::checkpoint_state(bool device_buffers) {
   m.set_precision(dtype_to_name(working_dtype()));
   *m.mutable_config() = cfg_;
   m.mutable_config()->clear_fault();
-  const LossScalerState& st = snapshot_.scaler;
-  m.mutable_scaler()->set_scale(st.scale);
-  m.mutable_scaler()->set_growth_tracker(st.growth_tracker);
-  m.mutable_scaler()->set_hysteresis_tracker(st.hysteresis_tracker);
-  m.mutable_scaler()->set_skipped_steps(st.skipped_steps);
-  m.mutable_scaler()->set_consecutive_skips(st.consecutive_skips);
-  m.set_optimizer(optimizer_->kind());
+  write_scaler_state(snapshot_.scaler, *m.mutable_scaler());
   m.set_optimizer_step_count(snapshot_.optimizer_steps);
-  for (const FlatEntry& e : masters_->layout().entries()) {
-    TensorIndexEntry* t = m.add_tensors();
-    t->set_name(e.name);
-    for (int64_t d : e.shape) t->add_shape(d);
-    t->set_offset(e.offset);
-    t->set_numel(e.numel());
-  }
-  // Model buffers (BatchNorm running statistics: small, replicated) travel in the manifest, whose XXH3 covers them.
-  if (buffers_) {
-    for (const FlatEntry& e : buffers_->layout().entries()) {
-      TensorIndexEntry* t = m.add_buffer_tensors();
-      t->set_name(e.name);
-      for (int64_t d : e.shape) t->add_shape(d);
-      t->set_offset(e.offset);
-      t->set_numel(e.numel());
-    }
-    const std::vector<float> v = buffers_->host_values();
-    m.mutable_buffer_values()->Add(v.begin(), v.end());
-  }
   m.set_master_xxh3(master_hash());
-  s.numel = masters_->numel();
-  s.begin = masters_->slice_begin();  // 0 when replicated: the tensors are then the whole buffers
-  if (device_ == Device::kCPU || device_buffers) {
-    s.buffers.emplace_back("master", &masters_->master());
-    for (auto& b : optimizer_->state()) s.buffers.push_back(b);
-    return s;
-  }
-  // Checkpoints are written from host memory: copy the device buffers to host copies (synchronises).
-  host_master_ = masters_->master().to(Device::kCPU);
-  s.buffers.emplace_back("master", &host_master_);
-  const auto state = optimizer_->state();
-  host_optim_.resize(state.size());
-  for (size_t i = 0; i < state.size(); ++i) {
-    host_optim_[i] = state[i].second->to(Device::kCPU);
-    s.buffers.emplace_back(state[i].first, &host_optim_[i]);
-  }
-  return s;
+  return checkpoint_->state(std::move(m), device_buffers);
 }
 
 std::string Trainer::restore(const Manifest& m) {
-  // The model buffers first: a mismatch is refused before any of this trainer's state changes (every rank reads the
-  // same manifest, so every rank refuses alike).
-  const int64_t want = buffers_ ? buffers_->numel() : 0;
-  bool same = m.buffer_values_size() == want && m.buffer_tensors_size() == (buffers_ ? static_cast<int>(buffers_->layout().entries().size()) : 0);
-  for (int i = 0; same && i < m.buffer_tensors_size(); ++i) {
-    const FlatEntry& e = buffers_->layout().entries()[static_cast<size_t>(i)];
-    const TensorIndexEntry& t = m.buffer_tensors(i);
-    same = t.name() == e.name && t.offset() == e.offset && Shape(t.shape().begin(), t.shape().end()) == e.shape;
-  }
-  if (!same)
-    throw Error("checkpoint: its model buffers (" + std::to_string(m.buffer_tensors_size()) + " tensors, " +
-                    std::to_string(m.buffer_values_size()) + " values) differ from this model's (" +
-                    std::to_string(buffers_ ? buffers_->layout().entries().size() : 0) + " tensors, " +
-                    std::to_string(want) + " values)",
-                ErrorKind::kBadInput);
-  if (buffers_) buffers_->set_host_values(std::span<const float>(m.buffer_values().data(), m.buffer_values().size()));
-  iteration_ = m.step();
-  LossScalerState st;
-  st.scale = m.scaler().scale();
-  st.growth_tracker = m.scaler().growth_tracker();
-  st.hysteresis_tracker = m.scaler().hysteresis_tracker();
-  st.skipped_steps = m.scaler().skipped_steps();
-  st.consecutive_skips = m.scaler().consecutive_skips();
+  LossScalerState st = read_scaler_state(m.scaler());
   // The saved scaler state belongs to the saved precision's policy. Resumed with another working dtype or loss-scale
   // mode (fp16 -> bf16 after a min_scale stop, say), the configured policy starts afresh: its initial scale and
   // empty trackers; only the run's count of skipped steps carries over.
@@ -216,15 +152,11 @@ std::string Trainer::restore(const Manifest& m) {
     st = scaler_policy_.state();
     st.skipped_steps = skipped;
   }
+  checkpoint_->restore(m);  // refuses other model buffers before anything changes
+  iteration_ = m.step();
   snapshot_.scaler = st;
   snapshot_.optimizer_steps = m.optimizer_step_count();
   if (!m.run_id().empty()) run_id_ = m.run_id();
-  if (device_ == Device::kCUDA) {
-    // load_checkpoint filled the host copies handed out by checkpoint_state(): move them to the GPU.
-    host_master_.copy_to(masters_->master());
-    const auto state = optimizer_->state();
-    for (size_t i = 0; i < state.size() && i < host_optim_.size(); ++i) host_optim_[i].copy_to(*state[i].second);
-  }
   masters_->cast_to_working();
   if (sharded()) publish(*masters_, comm_);  // every rank restored its slice: rebuild the whole working copy
   write_state();

@@ -54,6 +54,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
                                        plan_);
   optimizer_ = make_optimizer(cfg_.optimizer(), masters_->slice_count(), device_);
   if (cfg_.optimizer().no_decay_size() > 0) optimizer_->set_no_decay(no_decay_ranges(cfg_.optimizer(), *masters_));
+  checkpoint_ = std::make_unique<CheckpointBinding>(*masters_, *optimizer_, buffers_.get(), device_);
   if (plan_.sharded()) rank_sums_ = Tensor::zeros({4 * static_cast<int64_t>(comm_.world_size())}, DType::kFloat16, device_);
 
   const int accumulation = cfg_.optimizer().accumulation_steps();

@@ -8,9 +8,9 @@
 // are the gradient reduction (buckets) and the one consensus all-reduce (plus DROP_RANK's count all-reduce).
 //
 // Files: trainer.cc (construction, evaluate()), step.cc (the step), evaluate.h (the Evaluator), train_state.cc
-// (reading the step state, checkpoint save and restore), observers.cc and step_observer.h (the step's observers:
-// phase timing, fault drills, the numerics report), faults.h (the drills), due_steps.h (when the loop logs, saves,
-// evaluates and reads), model_factory.cc (make_trainer).
+// (reading the step state, the run's fields of a checkpoint), checkpoint_binding.h (the tensors a checkpoint holds),
+// observers.cc and step_observer.h (the step's observers: phase timing, fault drills, the numerics report), faults.h
+// (the drills), due_steps.h (when the loop logs, saves, evaluates and reads), model_factory.cc (make_trainer).
 #pragma once
 
 #include <atomic>
@@ -39,6 +39,7 @@
 #include "runtime/obs/phase_timer.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/step_gate.h"
+#include "runtime/train/checkpoint_binding.h"
 #include "runtime/train/due_steps.h"
 #include "runtime/train/evaluate.h"
 #include "runtime/train/faults.h"
@@ -101,10 +102,11 @@ class Trainer {
   // The step state where it lives (device memory on the GPU); for tests and tools that look without reading.
   const StepStateBuffer& step_state() const { return *state_; }
 
-  // The state a checkpoint saves, as views (run_id: the run's identity, kept across resumes). Reads the step state.
-  // On the GPU the buffers are host copies of the device state (for save_checkpoint and load_checkpoint), or with
-  // `device_buffers` the device tensors themselves (for AsyncCheckpointer, which copies only its shard, to
-  // page-locked staging).
+  // The state a checkpoint saves, as views (run_id: the run's identity, kept across resumes): the run's fields here,
+  // the tensors from the CheckpointBinding (train/checkpoint_binding.h). Reads the step state; collective when
+  // sharded (the master weights hash). On the GPU the buffers are host copies of the device state (for
+  // save_checkpoint and load_checkpoint), or with `device_buffers` the device tensors themselves (for
+  // AsyncCheckpointer, which copies only its shard, to page-locked staging).
   CheckpointState checkpoint_state(bool device_buffers = false);
   // Continues from a loaded checkpoint's manifest: iteration, loss scaler, optimizer step count, sampler position.
   // The buffers themselves were filled by load_checkpoint through checkpoint_state(). When the checkpoint's working
@@ -213,8 +215,7 @@ class Trainer {
   double host_loss_since_read_ = 0.0;  // losses of criteria without the state path, since the last read
   std::vector<Tensor> x_dev_;          // inputs copied to the GPU, per micro-batch
   std::unique_ptr<Evaluator> evaluator_;  // null without a test set
-  Tensor host_master_;                 // host copies for checkpoints of GPU runs
-  std::vector<Tensor> host_optim_;
+  std::unique_ptr<CheckpointBinding> checkpoint_;  // the tensors a checkpoint holds
   Tensor rank_sums_;   // sharded: every rank's sum of squares (a double as 4 x 16 bits each), on the step's device
   std::string run_id_;
 
