@@ -118,7 +118,9 @@ int run_generate(const GenerateArgs& args) {
     const Device device = resolve_device(device_cfg);
     if (device == Device::kCUDA) device::set_device(0);
     const DType working = parse_precision(args.precision, m.precision());
-    kernels::set_num_threads(1);
+    kernels::ExecContext exec;
+    exec.threads = 1;
+    const kernels::ExecScope scope(exec);
     const Autocast autocast(working);
     GptModel model(g, autocast, m.config().train().seed());
     std::vector<Parameter*> params;

@@ -22,10 +22,4 @@ void softmax_cross_entropy_forward(const Tensor& logits, std::span<const int32_t
 void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, float grad_scale,
                                     const float* scale_dev, double divisor, float row_divisor, Tensor& dlogits);
 
-// Whether FP32 GEMMs may use TF32 tensor cores (precision.allow_tf32; off by default, as torch's
-// allow_tf32 for matmuls since 1.12). fp16/bf16 GEMMs always accumulate in FP32.
-void set_allow_tf32(bool allow);
-// The current setting (false in a build without the CUDA backend); cuDNN's FP32 convolutions follow it too.
-bool allow_tf32();
-
 }  // namespace ampdist::kernels::gpu

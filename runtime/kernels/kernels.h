@@ -9,6 +9,7 @@
 #include <span>
 
 #include "runtime/core/tensor.h"
+#include "runtime/kernels/exec_context.h"
 #include "runtime/kernels/update_gate.h"
 
 namespace ampdist::kernels {
@@ -135,8 +136,8 @@ AbsStats abs_stats(const Tensor& x, float threshold);
 }  // namespace ampdist::kernels
 
 namespace ampdist::kernels {
-// Threads the CPU kernels (oneDNN's OpenMP team) use for the calling thread's GEMMs; threads < 1 counts as 1.
-void set_num_threads(int threads);
+// The team the CPU kernels (oneDNN's OpenMP threads) use for the calling thread's calls now: the ExecScope's
+// threads inside one (exec_context.h).
 int num_threads();
 // The CPUs this process may run on: its affinity mask (sched_getaffinity), which a launcher narrows when it binds
 // ranks (mpirun binds each rank to one core when it starts 2 or fewer, to a socket above that; srun --cpu-bind);

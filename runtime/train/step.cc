@@ -20,6 +20,7 @@ StepResult Trainer::step() {
 
 StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_samples) {
   if (micro.empty() || global_samples <= 0) throw Error("Trainer::step: a step needs micro-batches and samples");
+  const kernels::ExecScope scope(exec_);
   StepResult r;
   r.iteration = ++iteration_;
   r.global_samples = global_samples;

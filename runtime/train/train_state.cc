@@ -67,6 +67,7 @@ uint64_t Trainer::with_buffers_hash(uint64_t seed) const {
 }
 
 uint64_t Trainer::master_hash() {
+  const kernels::ExecScope scope(exec_);
   if (!sharded()) return with_buffers_hash(masters_->hash());
   XXH3_state_t* h = XXH3_createState();
   XXH3_64bits_reset(h);
@@ -77,6 +78,7 @@ uint64_t Trainer::master_hash() {
 }
 
 std::vector<float> Trainer::gather_master() {
+  const kernels::ExecScope scope(exec_);
   std::vector<float> out;
   out.reserve(static_cast<size_t>(masters_->numel()));
   for_each_master_chunk([&](const float* p, int64_t n) { out.insert(out.end(), p, p + n); });
@@ -112,6 +114,7 @@ void Trainer::write_state() {
 }
 
 CheckpointState Trainer::checkpoint_state(bool device_buffers) {
+  const kernels::ExecScope scope(exec_);
   read_now();  // the snapshot: the scaler state and step count as of the last step
   Manifest m;
   m.set_run_id(run_id_);
@@ -130,6 +133,7 @@ CheckpointState Trainer::checkpoint_state(bool device_buffers) {
 }
 
 std::string Trainer::restore(const Manifest& m) {
+  const kernels::ExecScope scope(exec_);
   LossScalerState st = read_scaler_state(m.scaler());
   // The saved scaler state belongs to the saved precision's policy. Resumed with another working dtype or loss-scale
   // mode (fp16 -> bf16 after a min_scale stop, say), the configured policy starts afresh: its initial scale and

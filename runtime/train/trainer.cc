@@ -26,14 +26,14 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
       consensus_(comm) {
   const DType working = resolve_dtype(cfg_.precision().dtype(), device_,
                                       device_ == Device::kCUDA && device::properties(device::current_device()).bf16);
-  if (device_ == Device::kCUDA) kernels::gpu::set_allow_tf32(cfg_.precision().allow_tf32());
+  exec_.allow_tf32 = device_ == Device::kCUDA && cfg_.precision().allow_tf32();
   // By default the node's cores shared by its ranks, and never more than the CPUs this rank may run on: a rank that
   // mpirun bound to one core gets one thread, not a team that would take turns on that core.
-  threads_ = cfg_.train().threads_per_rank() > 0
-                 ? cfg_.train().threads_per_rank()
-                 : std::min(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm_.local_size()),
-                            kernels::available_cpus());
-  kernels::set_num_threads(threads_);
+  exec_.threads = cfg_.train().threads_per_rank() > 0
+                      ? cfg_.train().threads_per_rank()
+                      : std::min(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm_.local_size()),
+                                 kernels::available_cpus());
+  const kernels::ExecScope scope(exec_);  // the set-up's casts and initialisation run as the step's kernels will
 
   model_->collect_parameters(params_);
   model_->collect_buffers(buffer_list_);
@@ -89,6 +89,7 @@ Trainer::~Trainer() = default;
 
 EvalResult Trainer::evaluate() {
   if (!evaluator_) return {};
+  const kernels::ExecScope scope(exec_);
   masters_->ensure_working();
   model_->set_mode(false, iteration_);
   return evaluator_->run(*model_, *criterion_);

@@ -34,6 +34,7 @@
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/loader.h"
+#include "runtime/kernels/exec_context.h"
 #include "runtime/nn/module.h"
 #include "runtime/obs/numerics.h"
 #include "runtime/obs/phase_timer.h"
@@ -119,7 +120,7 @@ class Trainer {
   int64_t steps_per_epoch() const;
   int64_t total_steps() const { return total_steps_; }
   // The CPU kernels' threads for this rank (train.threads_per_rank, or its default).
-  int threads() const { return threads_; }
+  int threads() const { return exec_.threads; }
   int64_t epoch_of(int64_t iteration) const;  // 0-based epoch of a 1-based iteration
   DType working_dtype() const { return masters_->working_dtype(); }
   // Where the step runs: the communicator's device (CPU with MpiCommunicator, the current GPU with NcclCommunicator).
@@ -210,7 +211,9 @@ class Trainer {
   std::unique_ptr<DueSteps> due_;
   StateReads reads_ = StateReads::kEveryStep;
   int64_t micro_batch_ = 0, total_steps_ = 0, iteration_ = 0;
-  int threads_ = 1;
+  // How this trainer's kernels execute (threads; allow_tf32 on the GPU): every public method that runs kernels opens
+  // a kernels::ExecScope of it, so nothing of it is a process-wide setting.
+  kernels::ExecContext exec_;
   GradContext grad_ctx_;
   double host_loss_since_read_ = 0.0;  // losses of criteria without the state path, since the last read
   std::vector<Tensor> x_dev_;          // inputs copied to the GPU, per micro-batch

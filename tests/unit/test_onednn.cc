@@ -139,7 +139,8 @@ TEST(OneDnn, Fp16IsConvertedExactlyAndSaysSo) {
 TEST(OneDnn, GemmsAreBitwiseRepeatableForAFixedThreadCount) {
   // Every rank must compute the same bits for the same inputs. Shapes of the models' GEMMs, including a long K
   // (a weight gradient over many tokens, which oneDNN may split over threads) and the attention products.
-  kernels::set_num_threads(2);
+  const kernels::ExecContext two{2, false};
+  const kernels::ExecScope scope(two);
   for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     SCOPED_TRACE(dtype_name(dt));
     const Tensor x = random({512, 384}, dt, 3), w = random({256, 384}, dt, 4), dy = random({512, 256}, dt, 5);
@@ -172,16 +173,35 @@ TEST(OneDnn, GemmsAreBitwiseRepeatableForAFixedThreadCount) {
   }
 }
 
-TEST(OneDnn, ThreadsPerRankReachTheEngine) {
-  kernels::set_num_threads(1);
-  EXPECT_EQ(kernels::num_threads(), 1);
+TEST(OneDnn, ExecScopesSetTheTeamAndRestoreTheOuterOne) {
+  // A trainer's threads reach the engine inside its scopes only, and scopes nest: leaving one restores the team and
+  // the context of the one around it (nothing of a run stays behind as a process-wide setting).
+  const int outside = kernels::num_threads();
+  EXPECT_EQ(kernels::current_exec_context().threads, 0);
+  EXPECT_FALSE(kernels::current_exec_context().allow_tf32);
+  const kernels::ExecContext one{1, true}, two{2, false}, keep{0, false};
+  {
+    const kernels::ExecScope a(one);
+    EXPECT_EQ(kernels::num_threads(), 1);
+    EXPECT_TRUE(kernels::current_exec_context().allow_tf32);
+    {
+      const kernels::ExecScope b(two);
 #if !defined(AMPDIST_ENGINE_SINGLE_THREAD)
-  kernels::set_num_threads(2);
-  EXPECT_EQ(kernels::num_threads(), 2);
+      EXPECT_EQ(kernels::num_threads(), 2);
 #endif
-  kernels::set_num_threads(0);  // < 1 counts as 1
-  EXPECT_EQ(kernels::num_threads(), 1);
-  kernels::set_num_threads(2);
+      EXPECT_EQ(&kernels::current_exec_context(), &two);
+      {
+        const kernels::ExecScope c(keep);  // threads 0: the team stays as it is
+#if !defined(AMPDIST_ENGINE_SINGLE_THREAD)
+        EXPECT_EQ(kernels::num_threads(), 2);
+#endif
+      }
+    }
+    EXPECT_EQ(kernels::num_threads(), 1);
+    EXPECT_EQ(&kernels::current_exec_context(), &one);
+  }
+  EXPECT_EQ(kernels::num_threads(), outside);
+  EXPECT_EQ(kernels::current_exec_context().threads, 0);
 }
 
 TEST(IsaDispatch, Avx512UnscaleIsBitwiseTheAvx2Path) {
@@ -212,10 +232,16 @@ TEST(CpuFastPaths, UnscaleSumDependsOnTheLengthNotTheThreadCount) {
   for (float inv : {1.0f, 0.125f}) {
     SCOPED_TRACE(inv);
     Tensor a = g0.to(Device::kCPU), b = g0.to(Device::kCPU);
-    kernels::set_num_threads(1);
-    const kernels::UnscaleResult ra = kernels::unscale_and_check(a, inv);
-    kernels::set_num_threads(2);
-    const kernels::UnscaleResult rb = kernels::unscale_and_check(b, inv);
+    const kernels::ExecContext one{1, false}, two{2, false};
+    kernels::UnscaleResult ra, rb;
+    {
+      const kernels::ExecScope scope(one);
+      ra = kernels::unscale_and_check(a, inv);
+    }
+    {
+      const kernels::ExecScope scope(two);
+      rb = kernels::unscale_and_check(b, inv);
+    }
     EXPECT_EQ(bytes(a), bytes(b));
     EXPECT_FALSE(ra.found_inf);
     EXPECT_FALSE(rb.found_inf);

@@ -226,14 +226,31 @@ std::string version() {
 }  // namespace ampdist::kernels::cpu::onednn
 
 namespace ampdist::kernels {
-// oneDNN's threads are OpenMP's (Debian builds libdnnl with DNNL_CPU_RUNTIME=OMP, libgomp): a team of `threads`
-// for every primitive this thread runs.
-void set_num_threads(int threads) {
-#if defined(AMPDIST_ENGINE_SINGLE_THREAD)
-  threads = 1;
-#endif
-  omp_set_num_threads(std::max(1, threads));
+namespace {
+thread_local const ExecContext* g_current = nullptr;  // the innermost ExecScope's context on this thread
+}  // namespace
+
+const ExecContext& current_exec_context() {
+  static const ExecContext kDefaults{};
+  return g_current ? *g_current : kDefaults;
 }
+
+// oneDNN's threads are OpenMP's (Debian builds libdnnl with DNNL_CPU_RUNTIME=OMP, libgomp): the calling thread's
+// team size (an OpenMP per-thread setting) is what every primitive and parallel loop it runs uses.
+ExecScope::ExecScope(const ExecContext& ctx) : outer_(g_current), outer_threads_(omp_get_max_threads()) {
+  g_current = &ctx;
+#if defined(AMPDIST_ENGINE_SINGLE_THREAD)
+  omp_set_num_threads(1);
+#else
+  if (ctx.threads > 0) omp_set_num_threads(ctx.threads);
+#endif
+}
+
+ExecScope::~ExecScope() {
+  g_current = outer_;
+  omp_set_num_threads(outer_threads_);
+}
+
 int num_threads() { return omp_get_max_threads(); }
 int available_cpus() {
   cpu_set_t set;

@@ -5,7 +5,7 @@
 // Convolutions keep kernels/cnn.h's contract (exact products, FP32 accumulation, one rounding of the output, bias
 // added before it):
 //   - FP32 operands run cuDNN's FP32 convolution with FMA math only, or with TF32 tensor cores when
-//     precision.allow_tf32 is set (kernels::gpu::set_allow_tf32), as the GEMMs.
+//     precision.allow_tf32 is set (the ExecContext, kernels/exec_context.h), as the GEMMs.
 //   - 16-bit operands with a 16-bit output and no bias run cuDNN's 16-bit convolution with FP32 compute type on
 //     tensor cores (cuDNN's "pseudo half" configuration: FP32 accumulation, the output rounded once).
 //   - Every other 16-bit case (an FP32 output, a bias, every weight gradient, which is FP32) runs on the operands
@@ -26,6 +26,7 @@
 #include "runtime/kernels/backends.h"
 #include "runtime/kernels/cnn_checks.h"
 #include "runtime/kernels/device_ops.h"
+#include "runtime/kernels/exec_context.h"
 #include "runtime/kernels/kernels.h"
 
 #ifdef AMPDIST_HAVE_CUDA
@@ -298,7 +299,7 @@ constexpr size_t kMaxWorkspace = size_t{1} << 30;
 // cores otherwise (exact for 16-bit values, and for 16-bit values widened to FP32: see the top of the file).
 cudnnMathType_t math_for(DType operands, bool widened) {
   if (operands != DType::kFloat32 || widened) return CUDNN_TENSOR_OP_MATH;
-  return gpu::allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  return kernels::current_exec_context().allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
 ConvPlan& plan(const ConvShape& s, DType dtype, cudnnMathType_t math) {

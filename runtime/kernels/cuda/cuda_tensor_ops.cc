@@ -9,6 +9,7 @@
 #include "runtime/kernels/backends.h"
 #include "runtime/kernels/checks.h"
 #include "runtime/kernels/device_ops.h"
+#include "runtime/kernels/exec_context.h"
 #include "runtime/kernels/math.h"
 
 #ifdef AMPDIST_HAVE_CUDA
@@ -28,7 +29,6 @@ namespace {
 
 int code(DType t) { return static_cast<int>(t); }
 void* stream() { return device::compute_stream(); }
-bool g_allow_tf32 = false;
 
 void require_cuda(const char* op, const Tensor& t) {
   if (t.device() != Device::kCUDA)
@@ -178,7 +178,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     else launch([&] { ampdist::cuda::scale_inplace(static_cast<float*>(out.data()), m * n, beta, stream()); });
   } else {
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep the transposes.
-    const cublasComputeType_t compute = a.dtype() == DType::kFloat32 && g_allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+    const cublasComputeType_t compute = a.dtype() == DType::kFloat32 && kernels::current_exec_context().allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                                                       : CUBLAS_COMPUTE_32F;
     check_blas(cublasGemmEx(blas(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                             static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b.data(),
@@ -431,9 +431,6 @@ void softmax_cross_entropy_backward(const Tensor& logits, const Tensor& targets,
   });
 }
 
-void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
-bool allow_tf32() { return g_allow_tf32; }
-
 }  // namespace gpu
 
 #else  // no CUDA backend
@@ -480,8 +477,6 @@ void softmax_cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&,
                                     Tensor&) {
   no_cuda("softmax_cross_entropy_backward");
 }
-void set_allow_tf32(bool) {}
-bool allow_tf32() { return false; }
 }  // namespace gpu
 
 #endif
