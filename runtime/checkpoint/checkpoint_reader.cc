@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -27,6 +28,172 @@ namespace pbio = google::protobuf::io;
 
 namespace {
 
+// A manifest copied from another run fails the size and hash checks of shards it never described: when every
+// shard the reader looks at (`reads(s)`) starts with one run id, and not the manifest's, the one line that says what
+// is wrong (the manifest); nullopt otherwise. Each look reads a few hundred bytes, added to *peeked when given.
+std::optional<std::string> foreign_manifest(const std::string& path, const Manifest& m,
+                                            const std::function<bool(int)>& reads, int64_t* peeked = nullptr) {
+  std::set<std::string> shard_ids;
+  bool all_parse = true;
+  for (int s = 0; s < m.shards_size(); ++s) {
+    if (!reads(s)) continue;
+    const std::string file = (fs::path(path) / m.shards(s).file()).string();
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec)) continue;
+    const std::optional<std::string> id = shard_run_id(file);
+    if (peeked) *peeked += std::min<int64_t>(256, static_cast<int64_t>(fs::file_size(file, ec)));
+    if (id) shard_ids.insert(*id);
+    all_parse = all_parse && id.has_value();
+  }
+  if (!all_parse || shard_ids.size() != 1 || *shard_ids.begin() == m.run_id()) return std::nullopt;
+  return (fs::path(path) / "manifest.pb").string() + ": belongs to run " + m.run_id() + ", the shards to run " +
+         *shard_ids.begin() + " (a manifest from another run?)";
+}
+
+// Sizes every entry of `buffers` to the manifest's numel, only when the shard files (distinct, of the sizes the
+// manifest says) hold that much, so that a corrupt numel costs no more memory than the files do. False when they do
+// not; then it adds a line, unless some shard file has another size than the manifest's (the reading names it).
+bool size_buffers(const std::string& path, const Manifest& m, std::map<std::string, std::vector<float>>& buffers,
+                  Problems& p) {
+  std::set<std::string> files;
+  int64_t held = 0;
+  bool sizes_ok = true;
+  for (const ShardFileInfo& info : m.shards()) {
+    std::error_code ec;
+    const fs::path file = fs::path(path) / info.file();
+    if (!fs::is_regular_file(file, ec) || static_cast<int64_t>(fs::file_size(file, ec)) != info.bytes()) {
+      sizes_ok = false;
+      continue;
+    }
+    if (files.insert(info.file()).second) held += info.bytes();
+  }
+  if (m.numel() > held / static_cast<int64_t>(sizeof(float)) / std::max<int64_t>(1, std::ssize(buffers))) {
+    if (sizes_ok)
+      p.add((fs::path(path) / "manifest.pb").string() + ": numel " + std::to_string(m.numel()) + " in " +
+            std::to_string(buffers.size()) + " buffer(s) is more than the shard files hold (" + std::to_string(held) +
+            " bytes)");
+    return false;
+  }
+  for (auto& [name, buffer] : buffers) buffer.assign(static_cast<size_t>(m.numel()), 0.0f);
+  return true;
+}
+
+// One shard file's records as its bytes arrive (feed, then finish at the end of the file): each length-prefixed
+// record is parsed from its own bounded range once complete (a shard may exceed the 2 GiB a single protobuf input
+// stream can address; a record, <= 64 MiB of payload, never does), and checked for the manifest's run id, its own
+// XXH3 and rank `rank`'s slice [slice_begin, slice_end). A record's elements are added to `covered` and, with
+// `copy_into`, copied into that buffer. The first bad record stops the parsing.
+class ShardRecordParser {
+ public:
+  ShardRecordParser(std::string file, const ShardFileInfo& info, const std::string& run_id, int rank,
+                    int64_t slice_begin, int64_t slice_end, std::map<std::string, int64_t>& covered,
+                    std::map<std::string, std::vector<float>>* copy_into)
+      : file_(std::move(file)), info_(info), run_id_(run_id), rank_(rank), slice_begin_(slice_begin),
+        slice_end_(slice_end), covered_(covered), copy_into_(copy_into) {}
+
+  void feed(const char* bytes, size_t n) {
+    if (bad_) return;
+    pending_.append(bytes, n);
+    parse(false);
+  }
+  void finish() { parse(true); }
+
+  bool bad() const { return bad_; }
+  int64_t records() const { return records_; }
+  const Problems& found() const { return found_; }
+
+ private:
+  void fail(const std::string& what) {
+    found_.add(file_ + ": record " + std::to_string(records_) + " " + what);
+    bad_ = true;
+  }
+
+  void parse(bool at_end) {
+    while (!bad_ && at_ < pending_.size()) {
+      const size_t avail = pending_.size() - at_;
+      pbio::CodedInputStream header(reinterpret_cast<const uint8_t*>(pending_.data()) + at_,
+                                    static_cast<int>(std::min<size_t>(avail, 10)));
+      uint32_t len = 0;
+      const bool has_len = header.ReadVarint32(&len);
+      if (!has_len && avail < 10 && !at_end) break;  // the length prefix continues in the next piece
+      const size_t prefix = static_cast<size_t>(header.CurrentPosition());
+      const int64_t left_in_file = info_.bytes() - parsed_bytes_ - static_cast<int64_t>(prefix);
+      if (!has_len || static_cast<int64_t>(len) > left_in_file || len > static_cast<uint32_t>(INT32_MAX))
+        return fail("does not parse");
+      if (avail - prefix < len) {
+        if (at_end) fail("does not parse");
+        break;  // the record continues in the next piece
+      }
+      ShardRecord rec;
+      if (!rec.ParseFromArray(pending_.data() + at_ + prefix, static_cast<int>(len))) return fail("does not parse");
+      at_ += prefix + len;
+      parsed_bytes_ += static_cast<int64_t>(prefix + len);
+      take(rec);
+    }
+    if (at_ > 0 && (at_ == pending_.size() || at_ >= (size_t{16} << 20))) {  // drop what is parsed
+      pending_.erase(0, at_);
+      at_ = 0;
+    }
+  }
+
+  void take(const ShardRecord& rec) {
+    if (rec.run_id() != run_id_) {
+      found_.add(file_ + ": belongs to run " + rec.run_id() + ", the manifest to run " + run_id_ +
+                 " (a manifest from another run?)");
+      bad_ = true;
+    } else if (rec.data().size() % sizeof(float) != 0 ||
+               rec.count() != static_cast<int64_t>(rec.data().size() / sizeof(float)) ||
+               XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
+      fail("(" + rec.buffer() + ") fails its XXH3 check");
+    } else if (rec.offset() < slice_begin_ || rec.offset() > slice_end_ - rec.count()) {
+      fail("lies outside rank " + std::to_string(rank_) + "'s slice");
+    } else {
+      covered_[rec.buffer()] += rec.count();
+      if (copy_into_) {
+        auto it = copy_into_->find(rec.buffer());
+        if (it != copy_into_->end()) std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
+      }
+    }
+    ++records_;
+  }
+
+  const std::string file_;
+  const ShardFileInfo& info_;
+  const std::string& run_id_;
+  const int rank_;
+  const int64_t slice_begin_, slice_end_;
+  std::map<std::string, int64_t>& covered_;
+  std::map<std::string, std::vector<float>>* copy_into_;
+  std::string pending_;  // bytes read and not yet parsed, from at_ on
+  size_t at_ = 0;
+  int64_t records_ = 0, parsed_bytes_ = 0;
+  bool bad_ = false;
+  Problems found_;
+};
+
+// Streams one shard file through once (direct_io.h, as a load reads it): each piece goes into the file's XXH3 and
+// into the record parser, so memory holds one record and one block, not the shard. The file's XXH3 is checked at the
+// end, and a mismatch is the one problem reported for the file (what the records showed is then moot).
+void read_shard(const std::string& file, const ShardFileInfo& info, ShardRecordParser& parser, Problems& p) {
+  ShardFileReader stream(file, {{0, info.bytes()}});
+  if (!stream.ok()) return p.add(file + ": cannot be read: " + stream.error());
+  XXH3_state_t* file_hash = XXH3_createState();
+  XXH3_64bits_reset(file_hash);
+  const bool read_ok = stream.consume(0, info.bytes(), [&](const char* bytes, size_t n) {
+    XXH3_64bits_update(file_hash, bytes, n);
+    parser.feed(bytes, n);
+  });
+  if (read_ok) parser.finish();
+  const bool hash_ok = read_ok && XXH3_64bits_digest(file_hash) == info.xxh3();
+  XXH3_freeState(file_hash);
+  if (!read_ok) return p.add(file + ": cannot be read whole (" + std::to_string(info.bytes()) + " bytes)");
+  if (!hash_ok) return p.add(file + ": XXH3 of the file does not match the manifest (corrupted)");
+  for (const std::string& line : parser.found().lines) p.add(line);
+  if (!parser.bad() && parser.records() != info.records())
+    p.add(file + ": " + std::to_string(parser.records()) + " records, the manifest says " +
+          std::to_string(info.records()));
+}
+
 // Reads every shard of a checkpoint, checking it against the manifest; when `buffers` is non-null, sizes each of
 // its entries (name -> full buffer) to numel and fills it. Problems are collected, not thrown.
 void read_shards(const std::string& path, const Manifest& m, std::map<std::string, std::vector<float>>* buffers,
@@ -36,55 +203,14 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
   // vector of `world` counts would allocate whatever the file says.
   const int64_t slices = std::max(world, 1), numel = m.numel();
   auto slice_count = [&](int r) -> int64_t { return numel / slices + (r < numel % slices ? 1 : 0); };
-  std::map<std::string, int64_t> covered;
   if (m.shards_size() != world)
     p.add((fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
           " shards for a world of " + std::to_string(world));
-  // A manifest copied from another run fails the size and hash checks of shards it never described: when every
-  // shard there is starts with one run id, and not the manifest's, say what is wrong (the manifest), in one line.
-  std::set<std::string> shard_ids;
-  bool all_parse = true;
-  for (const ShardFileInfo& info : m.shards()) {
-    const std::string file = (fs::path(path) / info.file()).string();
-    std::error_code ec;
-    if (!fs::is_regular_file(file, ec)) continue;
-    const std::optional<std::string> id = shard_run_id(file);
-    if (id) shard_ids.insert(*id);
-    all_parse = all_parse && id.has_value();
-  }
-  if (all_parse && shard_ids.size() == 1 && *shard_ids.begin() != m.run_id()) {
-    p.add((fs::path(path) / "manifest.pb").string() + ": belongs to run " + m.run_id() + ", the shards to run " +
-          *shard_ids.begin() + " (a manifest from another run?)");
-    return;
-  }
-  // The buffers take numel floats each: they are allocated only when the shard files (distinct, of the sizes the
-  // manifest says) hold that much, so that a corrupt numel costs no more memory than the files do.
-  bool copy = buffers != nullptr;
-  if (buffers) {
-    std::set<std::string> files;
-    int64_t held = 0;
-    bool sizes_ok = true;
-    for (const ShardFileInfo& info : m.shards()) {
-      std::error_code ec;
-      const fs::path file = fs::path(path) / info.file();
-      if (!fs::is_regular_file(file, ec) || static_cast<int64_t>(fs::file_size(file, ec)) != info.bytes()) {
-        sizes_ok = false;  // the loop below names the file
-        continue;
-      }
-      if (files.insert(info.file()).second) held += info.bytes();
-    }
-    if (numel > held / static_cast<int64_t>(sizeof(float)) / std::max<int64_t>(1, std::ssize(*buffers))) {
-      copy = false;
-      if (sizes_ok) {
-        p.add((fs::path(path) / "manifest.pb").string() + ": numel " + std::to_string(numel) + " in " +
-              std::to_string(buffers->size()) + " buffer(s) is more than the shard files hold (" +
-              std::to_string(held) + " bytes)");
-        return;
-      }
-    } else {
-      for (auto& [name, buffer] : *buffers) buffer.assign(static_cast<size_t>(numel), 0.0f);
-    }
-  }
+  if (const auto foreign = foreign_manifest(path, m, [](int) { return true; })) return p.add(*foreign);
+  const size_t lines_before = p.lines.size();
+  const bool copy = buffers != nullptr && size_buffers(path, m, *buffers, p);
+  if (p.lines.size() > lines_before) return;  // numel is more than the files hold: that is the problem
+  std::map<std::string, int64_t> covered;
   int64_t begin = 0;
   for (int r = 0; r < m.shards_size(); ++r) {
     const ShardFileInfo& info = m.shards(r);
@@ -92,101 +218,8 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
     const int64_t slice_begin = begin, slice_end = begin + (r < world ? slice_count(r) : 0);
     begin = slice_end;
     if (!shard_file_ok(file, info, p)) continue;
-    // The shard streams through once (direct_io.h, as a load reads it): each piece goes into the file's XXH3 and onto
-    // the bytes not yet parsed, and every record complete there is parsed from its own bounded range (a shard may
-    // exceed the 2 GiB a single protobuf input stream can address, a record, <= 64 MiB of payload, never does). So
-    // memory holds one record and one block, not the shard. The file's XXH3 is checked at the end, and a mismatch is
-    // the one problem reported for the file (what the records showed is then moot).
-    ShardFileReader stream(file, {{0, info.bytes()}});
-    if (!stream.ok()) {
-      p.add(file + ": cannot be read: " + stream.error());
-      continue;
-    }
-    XXH3_state_t* file_hash = XXH3_createState();
-    XXH3_64bits_reset(file_hash);
-    std::string pending;  // bytes read and not yet parsed, from `at` on
-    size_t at = 0;
-    int64_t records = 0, parsed_bytes = 0;
-    bool bad = false;
-    Problems found;  // this file's record problems, reported only when its XXH3 matches
-    auto parse_complete_records = [&](bool at_end) {
-      while (!bad && at < pending.size()) {
-        const size_t avail = pending.size() - at;
-        const auto* head = reinterpret_cast<const uint8_t*>(pending.data()) + at;
-        pbio::CodedInputStream header(head, static_cast<int>(std::min<size_t>(avail, 10)));
-        uint32_t len = 0;
-        const bool has_len = header.ReadVarint32(&len);
-        if (!has_len && avail < 10 && !at_end) break;  // the length prefix continues in the next piece
-        const size_t prefix = static_cast<size_t>(header.CurrentPosition());
-        const int64_t left_in_file = info.bytes() - parsed_bytes - static_cast<int64_t>(prefix);
-        if (!has_len || static_cast<int64_t>(len) > left_in_file || len > static_cast<uint32_t>(INT32_MAX)) {
-          found.add(file + ": record " + std::to_string(records) + " does not parse");
-          bad = true;
-          break;
-        }
-        if (avail - prefix < len) {
-          if (at_end) {
-            found.add(file + ": record " + std::to_string(records) + " does not parse");
-            bad = true;
-          }
-          break;  // the record continues in the next piece
-        }
-        ShardRecord rec;
-        if (!rec.ParseFromArray(pending.data() + at + prefix, static_cast<int>(len))) {
-          found.add(file + ": record " + std::to_string(records) + " does not parse");
-          bad = true;
-          break;
-        }
-        at += prefix + len;
-        parsed_bytes += static_cast<int64_t>(prefix + len);
-        ++records;
-        if (rec.run_id() != m.run_id()) {
-          found.add(file + ": belongs to run " + rec.run_id() + ", the manifest to run " + m.run_id() +
-                    " (a manifest from another run?)");
-          bad = true;
-        } else if (rec.data().size() % sizeof(float) != 0 ||
-                   rec.count() != static_cast<int64_t>(rec.data().size() / sizeof(float)) ||
-                   XXH3_64bits(rec.data().data(), rec.data().size()) != rec.xxh3()) {
-          found.add(file + ": record " + std::to_string(records - 1) + " (" + rec.buffer() + ") fails its XXH3 check");
-          bad = true;
-        } else if (rec.offset() < slice_begin || rec.offset() > slice_end - rec.count()) {
-          found.add(file + ": record " + std::to_string(records - 1) + " lies outside rank " + std::to_string(r) +
-                    "'s slice");
-          bad = true;
-        } else {
-          covered[rec.buffer()] += rec.count();
-          if (copy) {
-            auto it = buffers->find(rec.buffer());
-            if (it != buffers->end())
-              std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
-          }
-        }
-      }
-      if (at > 0 && (at == pending.size() || at >= (size_t{16} << 20))) {  // drop what is parsed
-        pending.erase(0, at);
-        at = 0;
-      }
-    };
-    const bool read_ok = stream.consume(0, info.bytes(), [&](const char* bytes, size_t n) {
-      XXH3_64bits_update(file_hash, bytes, n);
-      if (bad) return;
-      pending.append(bytes, n);
-      parse_complete_records(false);
-    });
-    if (read_ok) parse_complete_records(true);
-    const bool hash_ok = read_ok && XXH3_64bits_digest(file_hash) == info.xxh3();
-    XXH3_freeState(file_hash);
-    if (!read_ok) {
-      p.add(file + ": cannot be read whole (" + std::to_string(info.bytes()) + " bytes)");
-      continue;
-    }
-    if (!hash_ok) {
-      p.add(file + ": XXH3 of the file does not match the manifest (corrupted)");
-      continue;
-    }
-    for (const std::string& line : found.lines) p.add(line);
-    if (!bad && records != info.records())
-      p.add(file + ": " + std::to_string(records) + " records, the manifest says " + std::to_string(info.records()));
+    ShardRecordParser parser(file, info, m.run_id(), r, slice_begin, slice_end, covered, copy ? buffers : nullptr);
+    read_shard(file, info, parser, p);
   }
   if (buffers && !copy && p.lines.empty())  // not expected: a shard whose size was off is named above
     p.add((fs::path(path) / "manifest.pb").string() + ": numel " + std::to_string(numel) +
@@ -231,121 +264,120 @@ void check_compatible(const std::string& path, const Manifest& m, const Checkpoi
 
 // Reads elements [tb, te) of every buffer in `buffers` (name -> te - tb floats) from the records of the shards
 // that overlap them, located by ShardFileInfo.record_bytes; each record read is checked (parse, run id, buffer,
-// range, XXH3). Problems are collected, not thrown.
-void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t te,
-                const std::map<std::string, std::span<float>>& buffers, Problems& p, LoadStats& stats) {
-  const int world = m.world_size();
-  if (m.shards_size() != world) {
-    p.add((fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
-          " shards for a world of " + std::to_string(world));
-    return;
+// range, XXH3). Problems are collected, not thrown; the first one ends the reading.
+class RangeReader {
+ public:
+  RangeReader(const std::string& path, const Manifest& m, int64_t tb, int64_t te,
+              const std::map<std::string, std::span<float>>& buffers, Problems& p, LoadStats& stats)
+      : path_(path), m_(m), tb_(tb), te_(te), buffers_(buffers), p_(p), stats_(stats) {}
+
+  void read() {
+    const int world = m_.world_size();
+    if (m_.shards_size() != world)
+      return p_.add(manifest_file() + ": lists " + std::to_string(m_.shards_size()) + " shards for a world of " +
+                    std::to_string(world));
+    const int64_t numel = m_.numel();
+    auto slice_count = [&](int s) { return numel / world + (s < numel % world ? 1 : 0); };
+    auto overlaps = [&](int s) {
+      int64_t b = 0;
+      for (int r = 0; r < s; ++r) b += slice_count(r);
+      return std::max(b, tb_) < std::min(b + slice_count(s), te_);
+    };
+    if (const auto foreign = foreign_manifest(path_, m_, overlaps, &stats_.bytes_read)) return p_.add(*foreign);
+    int64_t begin = 0;
+    for (int s = 0; s < world && p_.lines.empty(); ++s) {
+      const int64_t count = slice_count(s);
+      if (std::max(begin, tb_) < std::min(begin + count, te_)) read_shard(m_.shards(s), begin, count);
+      begin += count;
+    }
+    if (!p_.lines.empty()) return;
+    for (const auto& [name, buffer] : buffers_)
+      if (covered_[name] != te_ - tb_)
+        p_.add(path_ + ": buffer " + name + " covers " + std::to_string(covered_[name]) + " of the " +
+               std::to_string(te_ - tb_) + " elements to load");
   }
-  const int64_t numel = m.numel(), per_record = m.record_elements() > 0 ? m.record_elements() : default_record_elements();
-  auto overlaps = [&](int s) {
-    int64_t b = 0;
-    for (int r = 0; r < s; ++r) b += numel / world + (r < numel % world ? 1 : 0);
-    const int64_t e = b + numel / world + (s < numel % world ? 1 : 0);
-    return std::max(b, tb) < std::min(e, te);
+
+ private:
+  struct Wanted {
+    int buffer, index;
+    int64_t pos;       // of the record in the file
+    RecordFields rec;  // its offset and count checked against the record index
   };
-  // A manifest copied from another run: when every shard this rank reads starts with one run id, and not the
-  // manifest's, say that (the manifest is what is wrong), in one line, before sizes and hashes disagree.
-  std::set<std::string> shard_ids;
-  bool all_parse = true;
-  for (int s = 0; s < world; ++s) {
-    if (!overlaps(s)) continue;
-    const std::string file = (fs::path(path) / m.shards(s).file()).string();
-    std::error_code ec;
-    if (!fs::is_regular_file(file, ec)) continue;
-    const std::optional<std::string> id = shard_run_id(file);
-    stats.bytes_read += std::min<int64_t>(256, static_cast<int64_t>(fs::file_size(file, ec)));
-    if (id) shard_ids.insert(*id);
-    all_parse = all_parse && id.has_value();
-  }
-  if (all_parse && shard_ids.size() == 1 && *shard_ids.begin() != m.run_id()) {
-    p.add((fs::path(path) / "manifest.pb").string() + ": belongs to run " + m.run_id() + ", the shards to run " +
-          *shard_ids.begin() + " (a manifest from another run?)");
-    return;
-  }
-  std::map<std::string, int64_t> covered;
-  int64_t ob = 0;
-  for (int s = 0; s < world && p.lines.empty(); ++s) {
-    const ShardFileInfo& info = m.shards(s);
-    const int64_t count = numel / world + (s < numel % world ? 1 : 0), oe = ob + count;
-    const int64_t lo = std::max(ob, tb), hi = std::min(oe, te);
-    const int64_t shard_begin = ob;
-    ob = oe;
-    if (lo >= hi) continue;
-    const std::string file = (fs::path(path) / info.file()).string();
-    if (!shard_file_ok(file, info, p)) break;
+
+  std::string manifest_file() const { return (fs::path(path_) / "manifest.pb").string(); }
+
+  // The shard of rank slice [shard_begin, shard_begin + count): first the fields of every wanted record (small
+  // reads), checked; then their payloads in one stream.
+  void read_shard(const ShardFileInfo& info, int64_t shard_begin, int64_t count) {
+    const std::string file = (fs::path(path_) / info.file()).string();
+    if (!shard_file_ok(file, info, p_)) return;
+    const int64_t per_record = m_.record_elements() > 0 ? m_.record_elements() : default_record_elements();
     const auto ranges = record_ranges(shard_begin, count, per_record);
     int64_t total = 0;
     for (int64_t b : info.record_bytes()) total += b;
-    if (info.record_bytes_size() != m.buffers_size() * std::ssize(ranges) || info.records() != info.record_bytes_size() ||
-        total != info.bytes()) {
-      p.add((fs::path(path) / "manifest.pb").string() + ": the record index of " + info.file() +
-            " does not match its size or slice");
-      break;
-    }
+    if (info.record_bytes_size() != m_.buffers_size() * std::ssize(ranges) || info.records() != info.record_bytes_size() ||
+        total != info.bytes())
+      return p_.add(manifest_file() + ": the record index of " + info.file() + " does not match its size or slice");
     const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      p.add(file + ": cannot be read: " + errno_text());
-      break;
-    }
-    // First the fields of every wanted record (small reads), checked; then their payloads in one stream
-    // (direct_io.h: read ahead on a thread, O_DIRECT where the file system takes it), each piece hashed while in
-    // cache and copied to its place.
-    struct Wanted {
-      int buffer, index;
-      int64_t pos;      // of the record in the file
-      RecordFields rec;  // its offset and count checked against the record index
-    };
+    if (fd < 0) return p_.add(file + ": cannot be read: " + errno_text());
+    const std::vector<Wanted> wanted = wanted_records(fd, file, info, ranges);
+    ::close(fd);
+    if (p_.lines.empty()) read_payloads(file, wanted, shard_begin, count);
+  }
+
+  // The fields of every record in `ranges` (the shard's record ranges, per buffer in order) that overlaps [tb, te)
+  // of a buffer being loaded, each checked for its run id and against the record index.
+  std::vector<Wanted> wanted_records(int fd, const std::string& file, const ShardFileInfo& info,
+                                     const std::vector<std::pair<int64_t, int64_t>>& ranges) {
     std::vector<Wanted> wanted;
     int64_t at = 0;
     int k = 0;
-    for (int b = 0; b < m.buffers_size() && p.lines.empty(); ++b) {
+    for (int b = 0; b < m_.buffers_size(); ++b) {
       for (const auto& [off, n] : ranges) {
         const int64_t len = info.record_bytes(k);
         const int index = k++;
         const int64_t pos = at;
         at += len;
-        if (off >= hi || off + n <= lo) continue;  // a record outside the range is not read
-        if (buffers.find(m.buffers(b)) == buffers.end()) continue;
+        if (off >= te_ || off + n <= tb_) continue;  // a record outside the range is not read
+        if (buffers_.find(m_.buffers(b)) == buffers_.end()) continue;
         Wanted w{b, index, pos, {}};
         if (!read_record_fields(fd, pos, len, w.rec)) {
-          p.add(file + ": record " + std::to_string(index) + " does not parse");
-          break;
+          p_.add(file + ": record " + std::to_string(index) + " does not parse");
+          return {};
         }
-        stats.bytes_read += len;
-        ++stats.records;
-        if (w.rec.run_id != m.run_id()) {
-          p.add(file + ": belongs to run " + w.rec.run_id + ", the manifest to run " + m.run_id() +
-                " (a manifest from another run?)");
-          break;
+        stats_.bytes_read += len;
+        ++stats_.records;
+        if (w.rec.run_id != m_.run_id()) {
+          p_.add(file + ": belongs to run " + w.rec.run_id + ", the manifest to run " + m_.run_id() +
+                 " (a manifest from another run?)");
+          return {};
         }
-        if (w.rec.buffer != m.buffers(b) || w.rec.offset != off || w.rec.count != n ||
+        if (w.rec.buffer != m_.buffers(b) || w.rec.offset != off || w.rec.count != n ||
             w.rec.data_bytes != n * static_cast<int64_t>(sizeof(float))) {
-          p.add(file + ": record " + std::to_string(index) + " (" + m.buffers(b) + ") fails its XXH3 or range check");
-          break;
+          p_.add(file + ": record " + std::to_string(index) + " (" + m_.buffers(b) + ") fails its XXH3 or range check");
+          return {};
         }
         wanted.push_back(std::move(w));
       }
     }
-    ::close(fd);
-    if (!p.lines.empty()) break;
+    return wanted;
+  }
+
+  // The wanted records' payloads in one stream (direct_io.h: read ahead on a thread, O_DIRECT where the file system
+  // takes it), each piece hashed while in cache and its part within [tb, te) copied to its place.
+  void read_payloads(const std::string& file, const std::vector<Wanted>& wanted, int64_t shard_begin, int64_t count) {
+    const int64_t lo = std::max(shard_begin, tb_), hi = std::min(shard_begin + count, te_);
     std::vector<std::pair<int64_t, int64_t>> payloads;
     for (const Wanted& w : wanted) payloads.emplace_back(w.pos + w.rec.data_at, w.rec.data_bytes);
     ShardFileReader stream(file, payloads);
-    if (!stream.ok()) {
-      p.add(file + ": cannot be read: " + stream.error());
-      break;
-    }
+    if (!stream.ok()) return p_.add(file + ": cannot be read: " + stream.error());
     XXH3_state_t* hash = XXH3_createState();
     for (const Wanted& w : wanted) {
       const int64_t off = w.rec.offset, c0 = std::max(off, lo), c1 = std::min(off + w.rec.count, hi);
       // Bytes [d0, d1) of the payload go to the buffer from element c0 - tb on.
       const int64_t d0 = (c0 - off) * static_cast<int64_t>(sizeof(float)),
                     d1 = (c1 - off) * static_cast<int64_t>(sizeof(float));
-      char* dest = reinterpret_cast<char*>(buffers.at(m.buffers(w.buffer)).data() + (c0 - tb));
+      char* dest = reinterpret_cast<char*>(buffers_.at(m_.buffers(w.buffer)).data() + (c0 - tb_));
       XXH3_64bits_reset(hash);
       int64_t seen = 0;
       const bool read_ok = stream.consume(w.pos + w.rec.data_at, w.rec.data_bytes, [&](const char* bytes, size_t n) {
@@ -355,20 +387,23 @@ void read_range(const std::string& path, const Manifest& m, int64_t tb, int64_t 
         seen += static_cast<int64_t>(n);
       });
       if (!read_ok || XXH3_64bits_digest(hash) != w.rec.xxh3) {
-        p.add(file + ": record " + std::to_string(w.index) + " (" + m.buffers(w.buffer) +
-              ") fails its XXH3 or range check");
+        p_.add(file + ": record " + std::to_string(w.index) + " (" + m_.buffers(w.buffer) +
+               ") fails its XXH3 or range check");
         break;
       }
-      covered[m.buffers(w.buffer)] += c1 - c0;
+      covered_[m_.buffers(w.buffer)] += c1 - c0;
     }
     XXH3_freeState(hash);
   }
-  if (!p.lines.empty()) return;
-  for (const auto& [name, buffer] : buffers)
-    if (covered[name] != te - tb)
-      p.add(path + ": buffer " + name + " covers " + std::to_string(covered[name]) + " of the " +
-            std::to_string(te - tb) + " elements to load");
-}
+
+  const std::string& path_;
+  const Manifest& m_;
+  const int64_t tb_, te_;
+  const std::map<std::string, std::span<float>>& buffers_;
+  Problems& p_;
+  LoadStats& stats_;
+  std::map<std::string, int64_t> covered_;
+};
 
 }  // namespace
 
@@ -437,7 +472,7 @@ Manifest load_checkpoint(RankGroup ranks, const std::string& path, CheckpointSta
         staged_range[b.first].reset(new float[static_cast<size_t>(te - tb)]);  // every element is read or refused
         range[b.first] = std::span<float>(staged_range[b.first].get(), static_cast<size_t>(te - tb));
       }
-      read_range(path, m, tb, te, range, p, local);
+      RangeReader(path, m, tb, te, range, p, local).read();
     } else if (p.lines.empty()) {  // a checkpoint without a record index: read whole, keep the range
       for (const auto& b : into.buffers) staged[b.first];  // sized by read_shards
       read_shards(path, m, &staged, p);
