@@ -151,7 +151,8 @@ class ShardRecordParser {
       covered_[rec.buffer()] += rec.count();
       if (copy_into_) {
         auto it = copy_into_->find(rec.buffer());
-        if (it != copy_into_->end()) std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
+        if (it != copy_into_->end())
+          std::memcpy(it->second.data() + rec.offset(), rec.data().data(), rec.data().size());
       }
     }
     ++records_;
@@ -315,8 +316,8 @@ class RangeReader {
     const auto ranges = record_ranges(shard_begin, count, per_record);
     int64_t total = 0;
     for (int64_t b : info.record_bytes()) total += b;
-    if (info.record_bytes_size() != m_.buffers_size() * std::ssize(ranges) || info.records() != info.record_bytes_size() ||
-        total != info.bytes())
+    if (info.record_bytes_size() != m_.buffers_size() * std::ssize(ranges) ||
+        info.records() != info.record_bytes_size() || total != info.bytes())
       return p_.add(manifest_file() + ": the record index of " + info.file() + " does not match its size or slice");
     const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return p_.add(file + ": cannot be read: " + errno_text());

@@ -183,14 +183,21 @@ ShardWrite write_own_shard(const SaveTarget& t, const CheckpointState& state, in
   return w;
 }
 
-std::string commit_save(RankGroup ranks, const SaveTarget& t, const Manifest& meta,
-                        const std::vector<std::string>& buffer_names, const ShardWrite& mine, int keep_last,
-                        std::vector<std::string>* warnings) {
-  const int rank = ranks.rank(), world = ranks.world_size();
-  std::string error = mine.error;
-  // Everyone learns whether every shard is on disk, and which rank failed with what, before anything is published.
+namespace {
+
+// Every rank's shard as the manifest lists it: size, record count, XXH3 and each record's length.
+struct GatheredShards {
+  std::vector<uint64_t> bytes, records, hashes;
+  std::vector<std::vector<int64_t>> record_bytes;
+};
+
+// Collective. Everyone learns whether every shard is on disk, and which rank failed with what, before anything is
+// published: throws the one collective Error of a failed save (the temporary directory removed by rank 0) on every
+// rank, else returns every rank's shard.
+GatheredShards gather_shards(RankGroup ranks, const SaveTarget& t, const ShardWrite& mine) {
+  const int world = ranks.world_size();
   const std::vector<uint64_t> errnos =
-      ranks.gather(error.empty() ? 0 : (mine.err ? mine.err : EIO), "checkpoint status gather");
+      ranks.gather(mine.error.empty() ? 0 : (mine.err ? mine.err : EIO), "checkpoint status gather");
   int64_t failed = 0;
   std::string who;
   for (int r = 0; r < world; ++r) {
@@ -199,94 +206,110 @@ std::string commit_save(RankGroup ranks, const SaveTarget& t, const Manifest& me
     if (who.empty())
       who = "rank " + std::to_string(r) + " could not write its shard: " + std::strerror(static_cast<int>(errnos[r]));
   }
-  const std::vector<uint64_t> bytes = ranks.gather(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");
-  const std::vector<uint64_t> records = ranks.gather(static_cast<uint64_t>(mine.records), "checkpoint shard records");
-  const std::vector<uint64_t> hashes = ranks.gather(mine.xxh3, "checkpoint shard hashes");
-  // Every record's length, for readers that seek: the same number of gathers on every rank (the most records any
-  // rank writes, which every rank can compute), each rank giving 0 past its own.
-  std::vector<std::vector<int64_t>> record_bytes(world);
-  if (failed == 0) {
-    for (int64_t k = 0; k < t.most_records; ++k) {
-      const int64_t len = k < std::ssize(mine.record_bytes) ? mine.record_bytes[k] : 0;
-      const std::vector<uint64_t> all = ranks.gather(static_cast<uint64_t>(len), "checkpoint record sizes");
-      for (int r = 0; r < world; ++r)
-        if (all[r] > 0) record_bytes[r].push_back(static_cast<int64_t>(all[r]));
-    }
-  }
+  GatheredShards g;
+  g.bytes = ranks.gather(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");
+  g.records = ranks.gather(static_cast<uint64_t>(mine.records), "checkpoint shard records");
+  g.hashes = ranks.gather(mine.xxh3, "checkpoint shard hashes");
   if (failed > 0) {
     // Nothing of this save is kept (it may be what filled the disk); nothing older was touched.
-    if (rank == 0) {
+    if (ranks.rank() == 0) {
       std::error_code ec;
       fs::remove_all(t.tmp, ec);
     }
-    throw Error("checkpoint " + t.final_path + " not saved: " + (who.empty() ? error : who) +
+    throw Error("checkpoint " + t.final_path + " not saved: " + (who.empty() ? mine.error : who) +
                 (failed > 1 ? " (and " + std::to_string(failed - 1) + " more)" : ""))
         .set_collective();
   }
+  // Every record's length, for readers that seek: the same number of gathers on every rank (the most records any
+  // rank writes, which every rank can compute), each rank giving 0 past its own.
+  g.record_bytes.resize(static_cast<size_t>(world));
+  for (int64_t k = 0; k < t.most_records; ++k) {
+    const int64_t len = k < std::ssize(mine.record_bytes) ? mine.record_bytes[k] : 0;
+    const std::vector<uint64_t> all = ranks.gather(static_cast<uint64_t>(len), "checkpoint record sizes");
+    for (int r = 0; r < world; ++r)
+      if (all[r] > 0) g.record_bytes[r].push_back(static_cast<int64_t>(all[r]));
+  }
+  return g;
+}
 
-  if (rank == 0) {
+// The manifest of the save: the caller's fields, then the format, the buffers and every rank's shard.
+Manifest final_manifest(const Manifest& meta, const SaveTarget& t, const std::vector<std::string>& buffer_names,
+                        const GatheredShards& g) {
+  const int world = static_cast<int>(g.bytes.size());
+  Manifest m = meta;
+  m.set_format_version(kFormatVersion);
+  m.set_world_size(world);
+  m.set_numel(t.numel);
+  m.set_record_elements(t.per_record);
+  m.clear_buffers();
+  for (const std::string& b : buffer_names) m.add_buffers(b);
+  m.clear_shards();
+  for (int r = 0; r < world; ++r) {
+    ShardFileInfo* s = m.add_shards();
+    s->set_rank(r);
+    s->set_file(shard_name(r, world));
+    s->set_bytes(static_cast<int64_t>(g.bytes[r]));
+    s->set_records(static_cast<int64_t>(g.records[r]));
+    s->set_xxh3(g.hashes[r]);
+    for (int64_t b : g.record_bytes[r]) s->add_record_bytes(b);
+  }
+  return m;
+}
+
+// Removes the checkpoint at `path` when it is whole; a damaged one is evidence and is moved aside instead, with a
+// line in `warnings` ("<path> <tense> damaged (<problem>): moved aside to <new path><instead>").
+void remove_whole_or_move_aside(const std::string& path, const char* tense, const char* instead,
+                                std::vector<std::string>* warnings) {
+  const std::string problem = whole_checkpoint_problem(path);
+  if (problem.empty()) {
+    fs::remove_all(path);
+    return;
+  }
+  const std::string aside = move_aside_damaged(path);
+  if (warnings)
+    warnings->push_back(path + " " + tense + " damaged (" + problem + "): moved aside to " + aside + instead);
+}
+
+// Rank 0: writes the manifest last, renames the temporary directory to its step name, replaces `latest`, then
+// prunes beyond keep_last; each step made durable (fsync) before the next.
+void publish_checkpoint(const SaveTarget& t, const Manifest& m, int keep_last, std::vector<std::string>* warnings) {
+  ManifestFile mf;
+  mf.set_manifest(m.SerializeAsString());
+  mf.set_xxh3(XXH3_64bits(mf.manifest().data(), mf.manifest().size()));
+  write_file_durably((fs::path(t.tmp) / "manifest.pb").string(), mf.SerializeAsString());
+  fsync_path(t.tmp);
+  // A re-save of the same step replaces a whole checkpoint.
+  if (fs::exists(t.final_path)) remove_whole_or_move_aside(t.final_path, "was", ", not written over", warnings);
+  fs::rename(t.tmp, t.final_path);
+  fsync_path(t.dir);
+  const std::string latest_tmp = (fs::path(t.dir) / ".latest.tmp").string();
+  write_file_durably(latest_tmp, t.name + "\n");
+  fs::rename(latest_tmp, fs::path(t.dir) / "latest");
+  fsync_path(t.dir);
+  if (keep_last <= 0) return;
+  // Pruning removes whole checkpoints only (manifest and shard sizes checked, not every byte).
+  const auto all = complete_checkpoints(t.dir);
+  for (size_t i = 0; i + keep_last < all.size(); ++i)
+    remove_whole_or_move_aside(all[i].second, "is", " instead of pruned", warnings);
+}
+
+}  // namespace
+
+std::string commit_save(RankGroup ranks, const SaveTarget& t, const Manifest& meta,
+                        const std::vector<std::string>& buffer_names, const ShardWrite& mine, int keep_last,
+                        std::vector<std::string>* warnings) {
+  const GatheredShards shards = gather_shards(ranks, t, mine);
+  std::string error;
+  if (ranks.rank() == 0) {
     try {
-      Manifest m = meta;
-      m.set_format_version(kFormatVersion);
-      m.set_world_size(world);
-      m.set_numel(t.numel);
-      m.set_record_elements(t.per_record);
-      m.clear_buffers();
-      for (const std::string& b : buffer_names) m.add_buffers(b);
-      m.clear_shards();
-      for (int r = 0; r < world; ++r) {
-        ShardFileInfo* s = m.add_shards();
-        s->set_rank(r);
-        s->set_file(shard_name(r, world));
-        s->set_bytes(static_cast<int64_t>(bytes[r]));
-        s->set_records(static_cast<int64_t>(records[r]));
-        s->set_xxh3(hashes[r]);
-        for (int64_t b : record_bytes[r]) s->add_record_bytes(b);
-      }
-      ManifestFile mf;
-      mf.set_manifest(m.SerializeAsString());
-      mf.set_xxh3(XXH3_64bits(mf.manifest().data(), mf.manifest().size()));
-      write_file_durably((fs::path(t.tmp) / "manifest.pb").string(), mf.SerializeAsString());
-      fsync_path(t.tmp);
-      // A re-save of the same step replaces a whole checkpoint; a damaged one is evidence and is moved aside.
-      if (fs::exists(t.final_path)) {
-        const std::string problem = whole_checkpoint_problem(t.final_path);
-        if (problem.empty()) {
-          fs::remove_all(t.final_path);
-        } else {
-          const std::string aside = move_aside_damaged(t.final_path);
-          if (warnings)
-            warnings->push_back(t.final_path + " was damaged (" + problem + "): moved aside to " + aside +
-                                ", not written over");
-        }
-      }
-      fs::rename(t.tmp, t.final_path);
-      fsync_path(t.dir);
-      const std::string latest_tmp = (fs::path(t.dir) / ".latest.tmp").string();
-      write_file_durably(latest_tmp, t.name + "\n");
-      fs::rename(latest_tmp, fs::path(t.dir) / "latest");
-      fsync_path(t.dir);
-      if (keep_last > 0) {
-        auto all = complete_checkpoints(t.dir);
-        for (size_t i = 0; i + keep_last < all.size(); ++i) {
-          // Pruning removes whole checkpoints only (manifest and shard sizes checked, not every byte).
-          const std::string problem = whole_checkpoint_problem(all[i].second);
-          if (problem.empty()) {
-            fs::remove_all(all[i].second);
-          } else {
-            const std::string aside = move_aside_damaged(all[i].second);
-            if (warnings)
-              warnings->push_back(all[i].second + " is damaged (" + problem + "): moved aside to " + aside +
-                                  " instead of pruned");
-          }
-        }
-      }
+      publish_checkpoint(t, final_manifest(meta, t, buffer_names, shards), keep_last, warnings);
     } catch (const std::exception& e) {
       error = "publishing checkpoint " + t.final_path + " failed: " + e.what();
     }
   }
-  if (ranks.sum(rank == 0 && !error.empty() ? 1 : 0, "checkpoint publish all-reduce") > 0)  // rank 0 holds the reason, and rank 0 reports a collective error
-    throw Error(rank == 0 && !error.empty() ? error : "checkpoint " + t.final_path + " not published").set_collective();
+  // Rank 0 holds the reason, and rank 0 reports a collective error.
+  if (ranks.sum(error.empty() ? 0 : 1, "checkpoint publish all-reduce") > 0)
+    throw Error(!error.empty() ? error : "checkpoint " + t.final_path + " not published").set_collective();
   return t.final_path;
 }
 

@@ -29,10 +29,9 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
   exec_.allow_tf32 = device_ == Device::kCUDA && cfg_.precision().allow_tf32();
   // By default the node's cores shared by its ranks, and never more than the CPUs this rank may run on: a rank that
   // mpirun bound to one core gets one thread, not a team that would take turns on that core.
-  exec_.threads = cfg_.train().threads_per_rank() > 0
-                      ? cfg_.train().threads_per_rank()
-                      : std::min(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm_.local_size()),
-                                 kernels::available_cpus());
+  const int node_share = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm_.local_size());
+  exec_.threads = cfg_.train().threads_per_rank() > 0 ? cfg_.train().threads_per_rank()
+                                                      : std::min(node_share, kernels::available_cpus());
   const kernels::ExecScope scope(exec_);  // the set-up's casts and initialisation run as the step's kernels will
 
   model_->collect_parameters(params_);
