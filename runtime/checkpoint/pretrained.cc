@@ -58,6 +58,74 @@ bool is_hf_mask_buffer(const std::string& n) {
 
 // ---- safetensors ------------------------------------------------------------------------------------------------
 
+namespace {
+
+// The JSON header of a mapped safetensors file of `size` bytes: 8 bytes of little-endian length n, then n bytes of
+// JSON object. Sets n. Throws BadInput naming the file.
+json parse_safetensors_header(const std::string& path, const unsigned char* bytes, size_t size, uint64_t& n) {
+  n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];  // little-endian
+  const bool looks_json = size > 8 && bytes[8] == '{';
+  if (n < 2 || n > kMaxHeaderBytes || !looks_json)
+    throw BadInput(path, "not a safetensors file: the first 8 bytes give a header length of " + std::to_string(n) +
+                             (looks_json ? "" : " and no JSON header follows"));
+  if (8 + n > size)
+    throw BadInput(path, "truncated: its header needs " + std::to_string(8 + n) + " bytes, the file has " +
+                             std::to_string(size));
+  json header;
+  try {
+    header = json::parse(std::string(reinterpret_cast<const char*>(bytes + 8), n));
+  } catch (const json::exception& e) {
+    throw BadInput(path, std::string("not a safetensors file: its header is not JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) throw BadInput(path, "not a safetensors file: its header is not a JSON object");
+  return header;
+}
+
+// One header entry `name` -> `t` ({dtype, shape, data_offsets}) of a file of `file_size` bytes whose data section
+// (`data_bytes` long, after a header of `header_bytes`) starts at `data`. Sets `span` to its data offsets. Throws
+// BadInput naming the file and the tensor.
+SafetensorsEntry parse_safetensors_entry(const std::string& path, const std::string& name, const json& t,
+                                         const unsigned char* data, uint64_t data_bytes, uint64_t header_bytes,
+                                         size_t file_size, std::pair<uint64_t, uint64_t>& span) {
+  auto bad = [&](const std::string& what) { return BadInput(path, "tensor " + name + ": " + what); };
+  if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets") ||
+      !t["dtype"].is_string() || !t["shape"].is_array() || !t["data_offsets"].is_array() ||
+      t["data_offsets"].size() != 2)
+    throw bad("not a safetensors entry (needs dtype, shape and data_offsets [begin, end])");
+  SafetensorsEntry e;
+  e.name = name;
+  const std::string dt = t["dtype"];
+  if (dt == "F32") e.dtype = DType::kFloat32;
+  else if (dt == "F16") e.dtype = DType::kFloat16;
+  else if (dt == "BF16") e.dtype = DType::kBFloat16;
+  else throw bad("dtype " + dt + " is not read (F32, F16 and BF16 are)");
+  e.numel = 1;
+  for (const json& d : t["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
+      throw bad("shape " + t["shape"].dump() + " is not a list of sizes");
+    e.shape.push_back(d.get<int64_t>());
+    e.numel *= e.shape.back();
+    if (e.numel > (int64_t{1} << 40)) throw bad("shape " + t["shape"].dump() + " is too large");
+  }
+  const json& off = t["data_offsets"];
+  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    throw bad("data_offsets " + off.dump() + " are not byte offsets");
+  const uint64_t b = off[0], en = off[1];
+  const uint64_t need = static_cast<uint64_t>(e.numel) * dtype_size(e.dtype);
+  if (en < b || en - b != need)
+    throw bad("data_offsets " + off.dump() + " span " + std::to_string(en < b ? 0 : en - b) + " bytes, its " + dt +
+              " shape " + shape_text(e.shape) + " needs " + std::to_string(need));
+  if (en > data_bytes)
+    throw BadInput(path, "truncated: tensor " + name + " needs " + std::to_string(8 + header_bytes + en) +
+                             " bytes, the file has " + std::to_string(file_size));
+  e.data = data + b;
+  span = {b, en};
+  return e;
+}
+
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw BadInput(path, std::string("cannot open: ") + std::strerror(errno));
@@ -80,62 +148,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   const auto* bytes = static_cast<const unsigned char*>(map_);
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];  // little-endian
-  const bool looks_json = size_ > 8 && bytes[8] == '{';
-  if (n < 2 || n > kMaxHeaderBytes || !looks_json)
-    throw BadInput(path, "not a safetensors file: the first 8 bytes give a header length of " + std::to_string(n) +
-                             (looks_json ? "" : " and no JSON header follows"));
-  if (8 + n > size_)
-    throw BadInput(path, "truncated: its header needs " + std::to_string(8 + n) + " bytes, the file has " +
-                             std::to_string(size_));
-  json header;
-  try {
-    header = json::parse(std::string(reinterpret_cast<const char*>(bytes + 8), n));
-  } catch (const json::exception& e) {
-    throw BadInput(path, std::string("not a safetensors file: its header is not JSON (") + e.what() + ")");
-  }
-  if (!header.is_object()) throw BadInput(path, "not a safetensors file: its header is not a JSON object");
-  const uint64_t data_bytes = size_ - 8 - n;
-  const unsigned char* data = bytes + 8 + n;
+  const json header = parse_safetensors_header(path, bytes, size_, n);
   std::vector<std::pair<uint64_t, uint64_t>> spans;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
-    const std::string& name = it.key();
-    const json& t = it.value();
-    auto bad = [&](const std::string& what) { return BadInput(path, "tensor " + name + ": " + what); };
-    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t.contains("data_offsets") ||
-        !t["dtype"].is_string() || !t["shape"].is_array() || !t["data_offsets"].is_array() ||
-        t["data_offsets"].size() != 2)
-      throw bad("not a safetensors entry (needs dtype, shape and data_offsets [begin, end])");
-    SafetensorsEntry e;
-    e.name = name;
-    const std::string dt = t["dtype"];
-    if (dt == "F32") e.dtype = DType::kFloat32;
-    else if (dt == "F16") e.dtype = DType::kFloat16;
-    else if (dt == "BF16") e.dtype = DType::kBFloat16;
-    else throw bad("dtype " + dt + " is not read (F32, F16 and BF16 are)");
-    e.numel = 1;
-    for (const json& d : t["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
-        throw bad("shape " + t["shape"].dump() + " is not a list of sizes");
-      e.shape.push_back(d.get<int64_t>());
-      e.numel *= e.shape.back();
-      if (e.numel > (int64_t{1} << 40)) throw bad("shape " + t["shape"].dump() + " is too large");
-    }
-    const json& off = t["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      throw bad("data_offsets " + off.dump() + " are not byte offsets");
-    const uint64_t b = off[0], en = off[1];
-    const uint64_t need = static_cast<uint64_t>(e.numel) * dtype_size(e.dtype);
-    if (en < b || en - b != need)
-      throw bad("data_offsets " + off.dump() + " span " + std::to_string(en < b ? 0 : en - b) + " bytes, its " + dt +
-                " shape " + shape_text(e.shape) + " needs " + std::to_string(need));
-    if (en > data_bytes)
-      throw BadInput(path, "truncated: tensor " + name + " needs " + std::to_string(8 + n + en) +
-                               " bytes, the file has " + std::to_string(size_));
-    e.data = data + b;
-    spans.emplace_back(b, en);
-    tensors_.push_back(std::move(e));
+    tensors_.push_back(parse_safetensors_entry(path, it.key(), it.value(), bytes + 8 + n, size_ - 8 - n, n, size_,
+                                               spans.emplace_back()));
   }
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i)
@@ -255,98 +273,150 @@ void check_hf_config(const std::string& path, const GptConfig& g) {
 
 // ---- PretrainedSource ------------------------------------------------------------------------------------------
 
-PretrainedSource::PretrainedSource(const std::string& path, const FlatLayout& layout, const GptConfig* gpt)
-    : layout_(layout) {
-  std::error_code ec;
-  std::string config_json;
-  if (fs::is_directory(path, ec)) {
-    const fs::path dir(path);
-    config_json = (dir / "config.json").string();
-    const std::string single = (dir / "model.safetensors").string();
-    const std::string index = (dir / "model.safetensors.index.json").string();
-    if (!fs::exists(config_json, ec))
-      throw BadInput(path, "has no config.json (a Hugging Face model directory holds config.json and "
-                           "model.safetensors or model.safetensors.index.json)");
-    if (fs::exists(single, ec)) {
-      files_.push_back(std::make_unique<SafetensorsFile>(single));
-    } else if (fs::exists(index, ec)) {
-      const json j = read_json(index);
-      if (!j.contains("weight_map") || !j["weight_map"].is_object())
-        throw BadInput(index, "has no weight_map object");
-      std::map<std::string, size_t> shard_of_file;
-      std::vector<std::pair<std::string, std::string>> mapped;  // tensor, shard file name
-      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        if (!it.value().is_string()) throw BadInput(index, "weight_map entry " + it.key() + " is not a file name");
-        const std::string file = it.value();
-        if (file.find('/') != std::string::npos || file == "." || file == "..")
-          throw BadInput(index, "weight_map entry " + it.key() + " names " + file + ", not a file of this directory");
-        if (!shard_of_file.count(file)) {
-          const std::string shard = (dir / file).string();
-          if (!fs::exists(shard, ec))
-            throw BadInput(index, "maps tensor " + it.key() + " to " + file + ", which does not exist");
-          shard_of_file[file] = files_.size();
-          files_.push_back(std::make_unique<SafetensorsFile>(shard));
-        }
-        mapped.emplace_back(it.key(), file);
-      }
-      for (const auto& [tensor, file] : mapped) {
-        const auto& ts = files_[shard_of_file[file]]->tensors();
-        const bool has = std::any_of(ts.begin(), ts.end(), [&](const SafetensorsEntry& e) { return e.name == tensor; });
-        if (!has) throw BadInput((dir / file).string(), "has no tensor " + tensor + " (the index maps it here)");
-      }
-    } else {
-      throw BadInput(path, "has neither model.safetensors nor model.safetensors.index.json");
-    }
-    if (gpt) {
-      try {
-        check_hf_config(config_json, *gpt);
-      } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
-        throw BadInput(config_json, std::string("is not a GPT-2 config: ") + e.what());
-      }
-    }
-  } else if (fs::exists(path, ec)) {
-    files_.push_back(std::make_unique<SafetensorsFile>(path));
-  } else {
-    throw BadInput(path, "no such file or directory (model.init_from)");
-  }
+namespace {
 
-  // Every source tensor by name, with the file that holds it.
-  struct Found {
-    const SafetensorsEntry* e;
-    const std::string* file;
-    bool used = false;
-  };
+using SafetensorsFiles = std::vector<std::unique_ptr<SafetensorsFile>>;
+
+// model.safetensors.index.json of directory `dir`: opens every shard file its weight_map names (each once) and
+// checks that each holds the tensors mapped to it.
+void open_indexed_files(const fs::path& dir, const std::string& index, SafetensorsFiles& files) {
+  const json j = read_json(index);
+  if (!j.contains("weight_map") || !j["weight_map"].is_object()) throw BadInput(index, "has no weight_map object");
+  std::error_code ec;
+  std::map<std::string, size_t> shard_of_file;
+  std::vector<std::pair<std::string, std::string>> mapped;  // tensor, shard file name
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string()) throw BadInput(index, "weight_map entry " + it.key() + " is not a file name");
+    const std::string file = it.value();
+    if (file.find('/') != std::string::npos || file == "." || file == "..")
+      throw BadInput(index, "weight_map entry " + it.key() + " names " + file + ", not a file of this directory");
+    if (!shard_of_file.count(file)) {
+      const std::string shard = (dir / file).string();
+      if (!fs::exists(shard, ec))
+        throw BadInput(index, "maps tensor " + it.key() + " to " + file + ", which does not exist");
+      shard_of_file[file] = files.size();
+      files.push_back(std::make_unique<SafetensorsFile>(shard));
+    }
+    mapped.emplace_back(it.key(), file);
+  }
+  for (const auto& [tensor, file] : mapped) {
+    const auto& ts = files[shard_of_file[file]]->tensors();
+    const bool has = std::any_of(ts.begin(), ts.end(), [&](const SafetensorsEntry& e) { return e.name == tensor; });
+    if (!has) throw BadInput((dir / file).string(), "has no tensor " + tensor + " (the index maps it here)");
+  }
+}
+
+// Opens the source's safetensors files: a file, or a Hugging Face model directory (config.json checked against
+// `gpt` when given, then model.safetensors or the files of its index). Returns the directory's config.json, or ""
+// for a file.
+std::string open_source(const std::string& path, const GptConfig* gpt, SafetensorsFiles& files) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    if (!fs::exists(path, ec)) throw BadInput(path, "no such file or directory (model.init_from)");
+    files.push_back(std::make_unique<SafetensorsFile>(path));
+    return "";
+  }
+  const fs::path dir(path);
+  const std::string config_json = (dir / "config.json").string();
+  const std::string single = (dir / "model.safetensors").string();
+  const std::string index = (dir / "model.safetensors.index.json").string();
+  if (!fs::exists(config_json, ec))
+    throw BadInput(path, "has no config.json (a Hugging Face model directory holds config.json and "
+                         "model.safetensors or model.safetensors.index.json)");
+  if (fs::exists(single, ec))
+    files.push_back(std::make_unique<SafetensorsFile>(single));
+  else if (fs::exists(index, ec))
+    open_indexed_files(dir, index, files);
+  else
+    throw BadInput(path, "has neither model.safetensors nor model.safetensors.index.json");
+  if (gpt) {
+    try {
+      check_hf_config(config_json, *gpt);
+    } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type
+      throw BadInput(config_json, std::string("is not a GPT-2 config: ") + e.what());
+    }
+  }
+  return config_json;
+}
+
+// A source tensor, the file that holds it, and whether the model takes it.
+struct Found {
+  const SafetensorsEntry* e;
+  const std::string* file;
+  bool used = false;
+};
+
+// Every source tensor by its name in the files; a name in two files is refused.
+std::map<std::string, Found> tensors_by_raw_name(const SafetensorsFiles& files) {
   std::map<std::string, Found> by_raw;
-  for (const auto& f : files_)
-    for (const SafetensorsEntry& e : f->tensors()) {
+  for (const auto& f : files)
+    for (const SafetensorsEntry& e : f->tensors())
       if (!by_raw.emplace(e.name, Found{&e, &f->path()}).second)
         throw BadInput(f->path(), "tensor " + e.name + " is also in another shard");
-    }
-  const std::string where = files_.size() == 1 ? files_[0]->path() : path;
+  return by_raw;
+}
 
-  // The naming (see the header).
-  const int64_t C = gpt ? gpt->n_embd() : 0;
-  if (gpt) {
-    hf_ = !config_json.empty();
-    for (const auto& [n, f] : by_raw)
-      if (starts_with(n, kHfPrefix)) hf_ = true;
-    if (!hf_ && gpt->n_layer() > 0) {
-      auto it = by_raw.find("h.0.attn.c_attn.weight");
-      if (it != by_raw.end() && it->second.e->shape == Shape{C, 3 * C}) hf_ = true;
-    }
-  }
-  // Normalised name -> found; the display name is the source's own.
+// Whether a GPT source uses Hugging Face names (see the header): a model directory, a "transformer." name, or
+// block 0's c_attn stored as Conv1D [C, 3C].
+bool uses_hf_names(const std::map<std::string, Found>& by_raw, bool model_directory, const GptConfig& gpt) {
+  if (model_directory) return true;
+  for (const auto& [n, f] : by_raw)
+    if (starts_with(n, kHfPrefix)) return true;
+  if (gpt.n_layer() <= 0) return false;
+  const int64_t C = gpt.n_embd();
+  auto it = by_raw.find("h.0.attn.c_attn.weight");
+  return it != by_raw.end() && it->second.e->shape == Shape{C, 3 * C};
+}
+
+// The source tensors by ampdist name (Hugging Face's prefix taken off when `hf`; its attention mask buffers marked
+// used and left out).
+std::map<std::string, Found*> tensors_by_name(std::map<std::string, Found>& by_raw, bool hf) {
   std::map<std::string, Found*> by_name;
   for (auto& [raw, f] : by_raw) {
     std::string n = raw;
-    if (hf_ && starts_with(n, kHfPrefix)) n = n.substr(std::strlen(kHfPrefix));
-    if (hf_ && is_hf_mask_buffer(n)) {
+    if (hf && starts_with(n, kHfPrefix)) n = n.substr(std::strlen(kHfPrefix));
+    if (hf && is_hf_mask_buffer(n)) {
       f.used = true;  // a buffer, not a weight
       continue;
     }
-    if (!by_name.emplace(n, &f).second)
-      throw BadInput(*f.file, "holds both " + n + " and " + kHfPrefix + n);
+    if (!by_name.emplace(n, &f).second) throw BadInput(*f.file, "holds both " + n + " and " + kHfPrefix + n);
   }
+  return by_name;
+}
+
+// A tied model's lm_head.weight (transformers' tied copy of wte): accepted, and marked used, when it equals wte's
+// rows. Returns whether there was one.
+bool accept_tied_head(std::map<std::string, Found*>& by_name, const GptConfig& gpt) {
+  auto lm = by_name.find("lm_head.weight");
+  auto wte = by_name.find("wte.weight");
+  if (lm == by_name.end() || wte == by_name.end()) return false;
+  const int64_t V = gpt.vocab_size(), C = gpt.n_embd();
+  const SafetensorsEntry& a = *lm->second->e;
+  const SafetensorsEntry& b = *wte->second->e;
+  if (a.shape != Shape{V, C})
+    throw BadInput(*lm->second->file, "tensor " + a.name + " has shape " + shape_text(a.shape) +
+                                          ", the tied model needs " + shape_text(Shape{V, C}));
+  std::vector<float> x(static_cast<size_t>(C)), y(static_cast<size_t>(C));
+  for (int64_t r = 0; r < V; ++r) {
+    widen_to_fp32(a.data, a.dtype, r * C, C, x.data());
+    widen_to_fp32(b.data, b.dtype, r * C, C, y.data());
+    if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0)
+      throw BadInput(*lm->second->file, "tensor " + a.name + " differs from " + b.name + " (row " +
+                                            std::to_string(r) + "), but model.gpt.tie_embeddings is true");
+  }
+  lm->second->used = true;
+  return true;
+}
+
+}  // namespace
+
+PretrainedSource::PretrainedSource(const std::string& path, const FlatLayout& layout, const GptConfig* gpt)
+    : layout_(layout) {
+  const std::string config_json = open_source(path, gpt, files_);
+  std::map<std::string, Found> by_raw = tensors_by_raw_name(files_);
+  const std::string where = files_.size() == 1 ? files_[0]->path() : path;
+  hf_ = gpt && uses_hf_names(by_raw, !config_json.empty(), *gpt);
+  std::map<std::string, Found*> by_name = tensors_by_name(by_raw, hf_);
 
   const int64_t V = gpt ? gpt->vocab_size() : 0;
   map_.resize(layout_.size());
@@ -376,33 +446,10 @@ PretrainedSource::PretrainedSource(const std::string& path, const FlatLayout& la
     f.used = true;
   }
   used_ = layout_.size();
-  // A tied model's lm_head.weight (transformers' tied copy of wte): accepted when it equals wte's rows.
-  if (gpt && gpt->tie_embeddings()) {
-    auto lm = by_name.find("lm_head.weight");
-    auto wte = by_name.find("wte.weight");
-    if (lm != by_name.end() && wte != by_name.end()) {
-      const SafetensorsEntry& a = *lm->second->e;
-      const SafetensorsEntry& b = *wte->second->e;
-      if (a.shape != Shape{V, C})
-        throw BadInput(*lm->second->file, "tensor " + a.name + " has shape " + shape_text(a.shape) +
-                                              ", the tied model needs " + shape_text(Shape{V, C}));
-      std::vector<float> x(static_cast<size_t>(C)), y(static_cast<size_t>(C));
-      for (int64_t r = 0; r < V; ++r) {
-        widen_to_fp32(a.data, a.dtype, r * C, C, x.data());
-        widen_to_fp32(b.data, b.dtype, r * C, C, y.data());
-        if (std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) != 0)
-          throw BadInput(*lm->second->file, "tensor " + a.name + " differs from " + b.name +
-                                                " (row " + std::to_string(r) +
-                                                "), but model.gpt.tie_embeddings is true");
-      }
-      lm->second->used = true;
-      ++used_;
-    }
-  }
-  for (const auto& [raw, f] : by_raw) {
-    if (f.used) continue;
-    throw BadInput(*f.file, "tensor " + raw + " " + shape_text(f.e->shape) + " is not a parameter of this model");
-  }
+  if (gpt && gpt->tie_embeddings() && accept_tied_head(by_name, *gpt)) ++used_;
+  for (const auto& [raw, f] : by_raw)
+    if (!f.used)
+      throw BadInput(*f.file, "tensor " + raw + " " + shape_text(f.e->shape) + " is not a parameter of this model");
 }
 
 PretrainedSource::~PretrainedSource() = default;
