@@ -164,6 +164,59 @@ std::string phase_bars(const std::vector<RunData>& runs) {
   return o + "</svg></figure>";
 }
 
+// The fields of one record of metrics.jsonl (written by metrics_sink.cc) into `r`, one function per record type.
+void read_train_record(const json& j, int64_t step, int64_t& prev_skipped, RunData& r) {
+  r.loss.emplace_back(step, num(j, "loss"));
+  r.lr.emplace_back(step, num(j, "lr"));
+  r.scale.emplace_back(step, num(j, "scale"));
+  r.grad_norm.emplace_back(step, num(j, "grad_norm"));
+  r.samples_per_s.emplace_back(step, num(j, "samples_per_s"));
+  r.rss_mb.emplace_back(step, num(j, "peak_rss_mb"));
+  const int64_t sk = j.value("skipped_steps", int64_t{0});
+  if (sk > prev_skipped) r.skips.emplace_back(step, sk - prev_skipped);
+  prev_skipped = sk;
+}
+
+void read_summary_record(const json& j, RunData& r) {
+  r.has_summary = true;
+  r.steps = j.value("steps", int64_t{0});
+  r.skipped_steps = j.value("skipped_steps", int64_t{0});
+  r.test_accuracy = num(j, "test_accuracy");
+  r.test_loss = num(j, "test_loss");
+  r.samples_per_s_total = num(j, "samples_per_s");
+  r.final_scale = num(j, "final_scale");
+  r.peak_rss_mb = num(j, "peak_rss_mb");
+  r.phase_ms.clear();
+  if (j.contains("phase_ms") && j["phase_ms"].is_object())
+    for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) {
+      const std::string n(phase_name(static_cast<Phase>(i)));
+      r.phase_ms.emplace_back(n, num(j["phase_ms"], n.c_str()));
+    }
+}
+
+NumericsSnapshot read_numerics_record(const json& j, int64_t step) {
+  NumericsSnapshot s;
+  s.step = step;
+  for (const json& l : j.value("layers", json::array())) {
+    NumericsLayerRow row;
+    row.name = l.value("name", "");
+    row.act_max = num(l, "act_max");
+    row.grad_max = l.contains("grad_max") && l["grad_max"].is_null() && !l.value("grad_nonfinite", false)
+                       ? -1.0
+                       : num(l, "grad_max");
+    row.act_nonfinite = l.value("act_nonfinite", false);
+    row.grad_nonfinite = l.value("grad_nonfinite", false);
+    row.underflow = num(l, "grad_underflow_fraction");
+    row.headroom_bits = num(l, "headroom_bits");
+    s.layers.push_back(row);
+  }
+  if (j.contains("first_nonfinite")) {
+    s.first_layer = j["first_nonfinite"].value("layer", "");
+    s.first_pass = j["first_nonfinite"].value("pass", "");
+  }
+  return s;
+}
+
 }  // namespace
 
 RunData load_run(const std::string& dir) {
@@ -201,76 +254,24 @@ RunData load_run(const std::string& dir) {
     if (!started) continue;
     const int64_t step = j.value("step", int64_t{0});
     if (type == "train") {
-      r.loss.emplace_back(step, num(j, "loss"));
-      r.lr.emplace_back(step, num(j, "lr"));
-      r.scale.emplace_back(step, num(j, "scale"));
-      r.grad_norm.emplace_back(step, num(j, "grad_norm"));
-      r.samples_per_s.emplace_back(step, num(j, "samples_per_s"));
-      r.rss_mb.emplace_back(step, num(j, "peak_rss_mb"));
-      const int64_t sk = j.value("skipped_steps", int64_t{0});
-      if (sk > prev_skipped) r.skips.emplace_back(step, sk - prev_skipped);
-      prev_skipped = sk;
+      read_train_record(j, step, prev_skipped, r);
     } else if (type == "eval") {
       r.eval_accuracy.emplace_back(step, num(j, "test_accuracy"));
       r.eval_loss.emplace_back(step, num(j, "test_loss"));
     } else if (type == "summary") {
-      r.has_summary = true;
-      r.steps = j.value("steps", int64_t{0});
-      r.skipped_steps = j.value("skipped_steps", int64_t{0});
-      r.test_accuracy = num(j, "test_accuracy");
-      r.test_loss = num(j, "test_loss");
-      r.samples_per_s_total = num(j, "samples_per_s");
-      r.final_scale = num(j, "final_scale");
-      r.peak_rss_mb = num(j, "peak_rss_mb");
-      r.phase_ms.clear();
-      if (j.contains("phase_ms") && j["phase_ms"].is_object())
-        for (int i = 0; i < static_cast<int>(Phase::kCount); ++i) {
-          const std::string n(phase_name(static_cast<Phase>(i)));
-          r.phase_ms.emplace_back(n, num(j["phase_ms"], n.c_str()));
-        }
+      read_summary_record(j, r);
     } else if (type == "numerics") {
-      NumericsSnapshot s;
-      s.step = step;
-      for (const json& l : j.value("layers", json::array())) {
-        NumericsLayerRow row;
-        row.name = l.value("name", "");
-        row.act_max = num(l, "act_max");
-        row.grad_max = l.contains("grad_max") && l["grad_max"].is_null() && !l.value("grad_nonfinite", false)
-                           ? -1.0
-                           : num(l, "grad_max");
-        row.act_nonfinite = l.value("act_nonfinite", false);
-        row.grad_nonfinite = l.value("grad_nonfinite", false);
-        row.underflow = num(l, "grad_underflow_fraction");
-        row.headroom_bits = num(l, "headroom_bits");
-        s.layers.push_back(row);
-      }
-      if (j.contains("first_nonfinite")) {
-        s.first_layer = j["first_nonfinite"].value("layer", "");
-        s.first_pass = j["first_nonfinite"].value("pass", "");
-      }
-      r.numerics.push_back(std::move(s));
+      r.numerics.push_back(read_numerics_record(j, step));
     }
   }
   if (!started) throw BadInput(path, "no {\"type\":\"start\"} record: not a metrics file of ampdist train");
   return r;
 }
 
-std::string render_report(const std::vector<RunData>& runs) {
-  const RunData* base = nullptr;
-  for (const RunData& r : runs)
-    if (r.dtype == "fp32" && r.has_summary) {
-      base = &r;
-      break;
-    }
-  auto series = [&](auto member) {
-    std::vector<Series> v;
-    for (size_t i = 0; i < runs.size(); ++i) {
-      Series s{runs[i].label, color(i), {}, {}};
-      for (auto [x, y] : runs[i].*member) s.pts.emplace_back(static_cast<double>(x), y);
-      v.push_back(std::move(s));
-    }
-    return v;
-  };
+namespace {
+
+// The page's head, styles and the legend of the runs.
+std::string page_head(const std::vector<RunData>& runs) {
   std::string o =
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>ampdist report</title><style>\n"
       "body{font-family:sans-serif;margin:20px;color:#222;max-width:1180px}"
@@ -286,12 +287,15 @@ std::string render_report(const std::vector<RunData>& runs) {
     o += fmt::format("{}<span style=\"color:{}\">&#9632;</span> <b class=\"run\">{}</b> ({}, {}, {} ranks)",
                      i ? " &nbsp; " : "", color(i), esc(runs[i].label), esc(runs[i].dir), esc(runs[i].dtype),
                      runs[i].world_size);
-  o += "</p>\n";
+  return o + "</p>\n";
+}
 
-  // Final results table.
-  o += "<h2>Results</h2>\n<table id=\"results\"><tr><th class=\"l\">run</th><th>dtype</th><th>steps</th>"
-       "<th>test accuracy</th><th>test loss</th><th>samples/s</th><th>speedup vs fp32</th><th>peak RSS (MiB)</th>"
-       "<th>memory vs fp32</th><th>skipped steps</th><th>final loss scale</th></tr>\n";
+// The final results, a row per run, with speed and memory against `base` (the first finished fp32 run, or null).
+std::string results_table(const std::vector<RunData>& runs, const RunData* base) {
+  std::string o =
+      "<h2>Results</h2>\n<table id=\"results\"><tr><th class=\"l\">run</th><th>dtype</th><th>steps</th>"
+      "<th>test accuracy</th><th>test loss</th><th>samples/s</th><th>speedup vs fp32</th><th>peak RSS (MiB)</th>"
+      "<th>memory vs fp32</th><th>skipped steps</th><th>final loss scale</th></tr>\n";
   for (const RunData& r : runs) {
     if (!r.has_summary) {
       o += fmt::format("<tr data-run=\"{0}\"><td class=\"l\">{0}</td><td>{1}</td><td colspan=\"9\" class=\"l\">no "
@@ -312,11 +316,23 @@ std::string render_report(const std::vector<RunData>& runs) {
                      r.peak_rss_mb, mem, r.skipped_steps, r.final_scale);
   }
   o += "</table>\n";
-  o += base ? "<p class=\"note\">Speedup and memory are against " + esc(base->label) +
-                  " (fp32). Memory is rank 0's peak resident set size.</p>\n"
-            : "<p class=\"note\">No finished fp32 run among these: speedup and memory ratios are n/a.</p>\n";
+  return o + (base ? "<p class=\"note\">Speedup and memory are against " + esc(base->label) +
+                         " (fp32). Memory is rank 0's peak resident set size.</p>\n"
+                   : "<p class=\"note\">No finished fp32 run among these: speedup and memory ratios are n/a.</p>\n");
+}
 
-  o += "<h2>Curves</h2>\n<div class=\"charts\">\n";
+// The curves of every run, one chart per metric.
+std::string curves(const std::vector<RunData>& runs) {
+  auto series = [&](auto member) {
+    std::vector<Series> v;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      Series s{runs[i].label, color(i), {}, {}};
+      for (auto [x, y] : runs[i].*member) s.pts.emplace_back(static_cast<double>(x), y);
+      v.push_back(std::move(s));
+    }
+    return v;
+  };
+  std::string o = "<h2>Curves</h2>\n<div class=\"charts\">\n";
   o += chart("loss", "Training loss (mean over each log window)", "loss", series(&RunData::loss));
   o += chart("eval", "Test accuracy", "accuracy", series(&RunData::eval_accuracy));
   std::vector<Series> sc = series(&RunData::scale);
@@ -328,41 +344,53 @@ std::string render_report(const std::vector<RunData>& runs) {
   o += chart("gradnorm", "Gradient norm (unscaled, before clipping)", "L2 norm", series(&RunData::grad_norm));
   o += chart("throughput", "Throughput", "samples/s", series(&RunData::samples_per_s));
   o += chart("evalloss", "Test loss", "loss", series(&RunData::eval_loss));
-  o += "</div>\n";
+  return o + "</div>\n";
+}
 
+// A run's numerics table: the first report naming a non-finite layer, else the last report.
+std::string numerics_section(const RunData& r) {
+  const NumericsSnapshot* s = &r.numerics.back();
+  for (const NumericsSnapshot& n : r.numerics)
+    if (!n.first_layer.empty()) {
+      s = &n;
+      break;
+    }
+  std::string o = fmt::format("<h2>Numerics: {} (step {}, {})</h2>\n", esc(r.label), s->step, esc(r.dtype));
+  if (!s->first_layer.empty())
+    o += fmt::format("<p class=\"first-nonfinite\" data-run=\"{}\">First non-finite value: layer <b>{}</b> "
+                     "({} pass) at step {}</p>\n",
+                     esc(r.label), esc(s->first_layer), esc(s->first_pass), s->step);
+  o += fmt::format("<table class=\"numerics\" data-run=\"{}\"><tr><th class=\"l\">layer</th><th>max |activation|"
+                   "</th><th>max |gradient| (scaled)</th><th>gradient underflow</th><th>headroom (bits)</th></tr>\n",
+                   esc(r.label));
+  for (const NumericsLayerRow& l : s->layers) {
+    const bool first = l.name == s->first_layer;
+    o += fmt::format("<tr><td class=\"l{}\">{}</td><td{}>{}</td><td{}>{}</td><td>{}</td><td>{}</td></tr>\n",
+                     first ? " bad" : "", esc(l.name), l.act_nonfinite ? " class=\"bad\"" : "",
+                     l.act_nonfinite ? "inf/NaN" : fmt::format("{:.4g}", l.act_max),
+                     l.grad_nonfinite ? " class=\"bad\"" : "",
+                     l.grad_nonfinite ? "inf/NaN" : l.grad_max < 0 ? "-" : fmt::format("{:.4g}", l.grad_max),
+                     l.grad_max < 0 && !l.grad_nonfinite ? "-" : fmt::format("{:.3f}%", 100.0 * l.underflow),
+                     std::isfinite(l.headroom_bits) ? fmt::format("{:.1f}", l.headroom_bits) : "-");
+  }
+  return o + "</table>\n";
+}
+
+}  // namespace
+
+std::string render_report(const std::vector<RunData>& runs) {
+  const RunData* base = nullptr;
+  for (const RunData& r : runs)
+    if (r.dtype == "fp32" && r.has_summary) {
+      base = &r;
+      break;
+    }
+  std::string o = page_head(runs) + results_table(runs, base) + curves(runs);
   bool any_phase = false;
   for (const RunData& r : runs) any_phase |= !r.phase_ms.empty();
   if (any_phase) o += "<h2>Where a step's time goes</h2>\n" + phase_bars(runs) + "\n";
-
-  for (const RunData& r : runs) {
-    if (r.numerics.empty()) continue;
-    // The first report naming a non-finite layer, else the last report.
-    const NumericsSnapshot* s = &r.numerics.back();
-    for (const NumericsSnapshot& n : r.numerics)
-      if (!n.first_layer.empty()) {
-        s = &n;
-        break;
-      }
-    o += fmt::format("<h2>Numerics: {} (step {}, {})</h2>\n", esc(r.label), s->step, esc(r.dtype));
-    if (!s->first_layer.empty())
-      o += fmt::format("<p class=\"first-nonfinite\" data-run=\"{}\">First non-finite value: layer <b>{}</b> "
-                       "({} pass) at step {}</p>\n",
-                       esc(r.label), esc(s->first_layer), esc(s->first_pass), s->step);
-    o += fmt::format("<table class=\"numerics\" data-run=\"{}\"><tr><th class=\"l\">layer</th><th>max |activation|"
-                     "</th><th>max |gradient| (scaled)</th><th>gradient underflow</th><th>headroom (bits)</th></tr>\n",
-                     esc(r.label));
-    for (const NumericsLayerRow& l : s->layers) {
-      const bool first = l.name == s->first_layer;
-      o += fmt::format("<tr><td class=\"l{}\">{}</td><td{}>{}</td><td{}>{}</td><td>{}</td><td>{}</td></tr>\n",
-                       first ? " bad" : "", esc(l.name), l.act_nonfinite ? " class=\"bad\"" : "",
-                       l.act_nonfinite ? "inf/NaN" : fmt::format("{:.4g}", l.act_max),
-                       l.grad_nonfinite ? " class=\"bad\"" : "",
-                       l.grad_nonfinite ? "inf/NaN" : l.grad_max < 0 ? "-" : fmt::format("{:.4g}", l.grad_max),
-                       l.grad_max < 0 && !l.grad_nonfinite ? "-" : fmt::format("{:.3f}%", 100.0 * l.underflow),
-                       std::isfinite(l.headroom_bits) ? fmt::format("{:.1f}", l.headroom_bits) : "-");
-    }
-    o += "</table>\n";
-  }
+  for (const RunData& r : runs)
+    if (!r.numerics.empty()) o += numerics_section(r);
   o += "<p class=\"note\">Generated by ampdist report from each run's metrics.jsonl.</p>\n</body></html>\n";
   return o;
 }
