@@ -94,6 +94,41 @@ void load_master_weights(const std::string& path, MasterWeights& masters) {
   masters.cast_to_working();
 }
 
+// Samples args.tokens tokens after `tokens` (the prompt) with the model in evaluation mode, printing each as it
+// comes (a token id, or its byte for a byte-level model) and appending it to `tokens`.
+void generate_tokens(GptModel& model, const GptConfig& g, const GenerateArgs& args, bool ids,
+                     std::vector<int32_t>& tokens) {
+  const bool cache = args.kv_cache == "on";
+  const int64_t T = g.seq_len();
+  std::vector<float> row(static_cast<size_t>(g.vocab_size()));
+  for (int64_t n = 0; n < args.tokens; ++n) {
+    const Tensor* logits;
+    int64_t last_row;
+    if (cache && model.cached() > 0 && model.cached() < T) {
+      logits = &model.decode(tokens.back());
+      last_row = 0;
+    } else {
+      const int64_t t = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
+      std::span<const int32_t> ctx(tokens.data() + tokens.size() - t, static_cast<size_t>(t));
+      logits = cache ? &model.prefill(ctx) : &model.logits(ctx, 1, t);
+      last_row = t - 1;
+    }
+    Tensor last = logits->rows(last_row, last_row + 1);
+    if (last.device() != Device::kCPU) last = last.to(Device::kCPU);  // one row of logits to the host
+    Tensor out = Tensor::view(row.data(), last.shape(), DType::kFloat32);
+    kernels::cast(last, out);
+    const RngStream rng{args.seed, {static_cast<uint32_t>(n), 0, 0}, RngPurpose::kSampling};
+    const int32_t next = sample_next_token(row, args.temperature, args.top_k, rng.uniform(0));
+    tokens.push_back(next);
+    if (ids) {
+      std::printf(" %d", next);
+    } else {
+      const unsigned char byte = static_cast<unsigned char>(next);
+      std::fwrite(&byte, 1, 1, stdout);
+    }
+  }
+}
+
 }  // namespace
 
 int run_generate(const GenerateArgs& args) {
@@ -131,36 +166,8 @@ int run_generate(const GenerateArgs& args) {
     model.set_mode(false, 0);
 
     std::vector<int32_t> tokens = prompt_tokens(args, g, ids);
-    const bool cache = args.kv_cache == "on";
-    const int64_t T = g.seq_len();
-    std::vector<float> row(static_cast<size_t>(g.vocab_size()));
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t n = 0; n < args.tokens; ++n) {
-      const Tensor* logits;
-      int64_t last_row;
-      if (cache && model.cached() > 0 && model.cached() < T) {
-        logits = &model.decode(tokens.back());
-        last_row = 0;
-      } else {
-        const int64_t t = std::min<int64_t>(T, static_cast<int64_t>(tokens.size()));
-        std::span<const int32_t> ctx(tokens.data() + tokens.size() - t, static_cast<size_t>(t));
-        logits = cache ? &model.prefill(ctx) : &model.logits(ctx, 1, t);
-        last_row = t - 1;
-      }
-      Tensor last = logits->rows(last_row, last_row + 1);
-      if (last.device() != Device::kCPU) last = last.to(Device::kCPU);  // one row of logits to the host
-      Tensor out = Tensor::view(row.data(), last.shape(), DType::kFloat32);
-      kernels::cast(last, out);
-      const RngStream rng{args.seed, {static_cast<uint32_t>(n), 0, 0}, RngPurpose::kSampling};
-      const int32_t next = sample_next_token(row, args.temperature, args.top_k, rng.uniform(0));
-      tokens.push_back(next);
-      if (ids) {
-        std::printf(" %d", next);
-      } else {
-        const unsigned char byte = static_cast<unsigned char>(next);
-        std::fwrite(&byte, 1, 1, stdout);
-      }
-    }
+    generate_tokens(model, g, args, ids, tokens);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fputc('\n', stdout);
     std::fflush(stdout);
