@@ -32,44 +32,7 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
 
   state_->begin_step();  // found_inf = 0, sum_sq = 0, the unscale factor 1/S
   if (buffers_) buffers_->begin_step();  // the forward updates the staged copy only
-  observers_.phase_begin(Phase::kForward);
-  masters_->ensure_working();  // a pass only when the last update did not write the working copy (first step, load)
-  // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
-  // neither accumulation nor world size changes the gradient; the scale multiplies it once. A criterion with the
-  // state path reads S from the step state and adds its loss there; any other gets float(S / global) from the host
-  // (on the GPU a 4-byte read, which waits for the previous step) and returns its loss here.
-  float grad_scale = 0.0f;
-  if (criterion_->supports_device_step()) {
-    criterion_->set_device_step(&st->step_loss, &st->scaler.scale, static_cast<double>(global_samples));
-  } else {
-    float scale = 0.0f;
-    device::read_to_host(&scale, &st->scaler.scale, device_, sizeof scale);
-    grad_scale = static_cast<float>(scale / static_cast<double>(global_samples));
-  }
-  double host_loss = 0.0;
-  int64_t local_samples = 0;
-  for (size_t k = 0; k < micro.size(); ++k) {
-    const bool final_micro = k + 1 == micro.size();
-    local_samples += micro[k].size();
-    reducer_->begin_backward(final_micro && !drop_mode);  // DROP_RANK reduces only after the local check
-    if (k > 0) observers_.phase_begin(Phase::kForward);
-    const Tensor& x = device_input(micro[k], k);
-    host_loss += criterion_->forward(observed_forward(x, k), micro[k].y);  // 0 with the state path
-    observers_.phase_end(Phase::kForward);
-    observers_.phase_begin(Phase::kBackward);
-    grad_ctx_.accumulate = k > 0;
-    grad_ctx_.need_input_grad = false;
-    // Each parameter's gradient goes to its bucket as soon as it is final; in the last micro-batch the observers see
-    // it first (a fault drill writes into it, the numerics report reads it).
-    grad_ctx_.on_grad_ready = [this, final_micro](Parameter& p) {
-      if (final_micro) observers_.gradient(p, iteration_);
-      reducer_->mark_ready(p.index);
-    };
-    model_->backward(criterion_->backward(grad_scale), grad_ctx_);
-    observers_.phase_end(Phase::kBackward);
-  }
-  criterion_->set_device_step(nullptr, nullptr, 1.0);
-  host_loss_since_read_ += host_loss / static_cast<double>(global_samples);
+  const int64_t local_samples = forward_backward(micro, global_samples, drop_mode);
   if (drop_mode) {
     drop_nonfinite_ranks(local_samples, global_samples);
     reducer_->begin_backward(true);  // wait() launches every bucket
@@ -111,6 +74,51 @@ StepResult Trainer::step(std::span<const MicroBatch> micro, int64_t global_sampl
   r.numerics = std::move(end.numerics);
   if (reads_ == StateReads::kEveryStep || due_->read(iteration_)) read_state(r);
   return r;
+}
+
+// The forward and backward of every micro-batch, each parameter's gradient handed to its bucket as soon as it is
+// final (DROP_RANK: no bucket is launched before the local check). Returns this rank's samples.
+int64_t Trainer::forward_backward(std::span<const MicroBatch> micro, int64_t global_samples, bool drop_mode) {
+  StepState* st = state_->get();
+  observers_.phase_begin(Phase::kForward);
+  masters_->ensure_working();  // a pass only when the last update did not write the working copy (first step, load)
+  // Each micro-batch's loss is divided by the global sample count of the step (all micro-batches, all ranks), so
+  // neither accumulation nor world size changes the gradient; the scale multiplies it once. A criterion with the
+  // state path reads S from the step state and adds its loss there; any other gets float(S / global) from the host
+  // (on the GPU a 4-byte read, which waits for the previous step) and returns its loss here.
+  float grad_scale = 0.0f;
+  if (criterion_->supports_device_step()) {
+    criterion_->set_device_step(&st->step_loss, &st->scaler.scale, static_cast<double>(global_samples));
+  } else {
+    float scale = 0.0f;
+    device::read_to_host(&scale, &st->scaler.scale, device_, sizeof scale);
+    grad_scale = static_cast<float>(scale / static_cast<double>(global_samples));
+  }
+  double host_loss = 0.0;
+  int64_t local_samples = 0;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    const bool final_micro = k + 1 == micro.size();
+    local_samples += micro[k].size();
+    reducer_->begin_backward(final_micro && !drop_mode);  // DROP_RANK reduces only after the local check
+    if (k > 0) observers_.phase_begin(Phase::kForward);
+    const Tensor& x = device_input(micro[k], k);
+    host_loss += criterion_->forward(observed_forward(x, k), micro[k].y);  // 0 with the state path
+    observers_.phase_end(Phase::kForward);
+    observers_.phase_begin(Phase::kBackward);
+    grad_ctx_.accumulate = k > 0;
+    grad_ctx_.need_input_grad = false;
+    // Each parameter's gradient goes to its bucket as soon as it is final; in the last micro-batch the observers see
+    // it first (a fault drill writes into it, the numerics report reads it).
+    grad_ctx_.on_grad_ready = [this, final_micro](Parameter& p) {
+      if (final_micro) observers_.gradient(p, iteration_);
+      reducer_->mark_ready(p.index);
+    };
+    model_->backward(criterion_->backward(grad_scale), grad_ctx_);
+    observers_.phase_end(Phase::kBackward);
+  }
+  criterion_->set_device_step(nullptr, nullptr, 1.0);
+  host_loss_since_read_ += host_loss / static_cast<double>(global_samples);
+  return local_samples;
 }
 
 const Tensor& Trainer::observed_forward(const Tensor& x, size_t micro) {

@@ -169,6 +169,8 @@ class Trainer {
 
  private:
   // ---- step.cc
+  // The micro-batches' forwards and backwards, gradients handed to the buckets; returns this rank's samples.
+  int64_t forward_backward(std::span<const MicroBatch> micro, int64_t global_samples, bool drop_mode);
   // The model's training forward of micro-batch `micro`, its layers' outputs shown to the observers.
   const Tensor& observed_forward(const Tensor& x, size_t micro);
   // The input of micro-batch k on the step's device (the host tensor when the model reads its input there).
