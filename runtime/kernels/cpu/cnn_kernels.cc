@@ -647,6 +647,117 @@ void residual_add(const Tensor& a, const Tensor& b, Tensor& y, bool relu) {
 
 // ---- pooling ----------------------------------------------------------------------------------------------------
 
+namespace {
+
+// One output row of a max-pool window scan: the input plane p, the window's rows [h0, h1) inside the image, and
+// where the row's outputs and argmax start (row: the index of its output 0).
+struct PoolRow {
+  const float* p;
+  int64_t h0, h1, row;
+  float* py;
+  int32_t* argmax;
+};
+
+#ifdef __AVX2__
+// ResNet's max-pool (3x3, stride 2) in AVX2 registers, eight outputs at a time from j while they lie before j_hi;
+// returns the first output not done. The columns 2j - pad + b of the eight windows are the even / odd elements of
+// two 8-float loads (b = 0, 1) and of two loads one pair further on (b = 2). Each window is scanned in the scalar
+// loops' order (row-major), with their rule (take v when !(v <= best) and best is not NaN), so values and argmax are
+// theirs bit for bit. The loads reach column 2j - pad + 17, hence the bound.
+int64_t max_row_3x3s2_avx2(const PoolShape& s, const PoolRow& r, int64_t j, int64_t j_hi) {
+  const float* p = r.p;
+  const auto evens = [](const float* q) {  // q[0], q[2], ..., q[14]
+    const __m256 a = _mm256_loadu_ps(q), b = _mm256_loadu_ps(q + 8);
+    return _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
+  };
+  const auto odds = [](const float* q) {  // q[1], q[3], ..., q[15]
+    const __m256 a = _mm256_loadu_ps(q), b = _mm256_loadu_ps(q + 8);
+    return _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
+  };
+  const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  for (; j + 8 <= j_hi && 2 * j - s.pad + 18 <= s.w; j += 8) {
+    const int64_t base = 2 * j - s.pad;
+    __m256 best = _mm256_setzero_ps();
+    __m256i at = _mm256_setzero_si256();
+    for (int64_t hi = r.h0; hi < r.h1; ++hi) {
+      const float* q = p + hi * s.w + base;
+      const __m256 v[3] = {evens(q), odds(q), evens(q + 2)};
+      for (int b = 0; b < 3; ++b) {
+        const __m256i idx =
+            _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(hi * s.w + base + b)), lane2);
+        if (hi == r.h0 && b == 0) {
+          best = v[0];
+          at = idx;
+          continue;
+        }
+        const __m256 take = _mm256_and_ps(_mm256_cmp_ps(v[b], best, _CMP_NLE_UQ),
+                                          _mm256_cmp_ps(best, best, _CMP_EQ_OQ));
+        best = _mm256_blendv_ps(best, v[b], take);
+        at = _mm256_castps_si256(
+            _mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(idx), take));
+      }
+    }
+    _mm256_storeu_ps(r.py + r.row + j, best);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.argmax + r.row + j), at);
+  }
+  return j;
+}
+#endif
+
+// Eight outputs at a time from j while they lie before j_hi (returns the first not done), each window scanned in the
+// same (row-major) order as max_one: eight independent compare-select chains instead of one serial chain per window.
+int64_t max_row_blocks(const PoolShape& s, const PoolRow& r, int64_t j, int64_t j_hi) {
+  const float* p = r.p;
+  constexpr int kBlock = 8;
+  for (; j + kBlock <= j_hi; j += kBlock) {
+    float best[kBlock];
+    int64_t at[kBlock];
+    for (int l = 0; l < kBlock; ++l) {
+      at[l] = r.h0 * s.w + (j + l) * s.stride - s.pad;
+      best[l] = p[at[l]];
+    }
+    for (int64_t hi = r.h0; hi < r.h1; ++hi)
+      for (int64_t b = 0; b < s.kernel; ++b)
+        for (int l = 0; l < kBlock; ++l) {
+          const int64_t idx = hi * s.w + (j + l) * s.stride - s.pad + b;
+          const float v = p[idx];
+          const bool take = !(v <= best[l]) & (best[l] == best[l]);
+          best[l] = take ? v : best[l];
+          at[l] = take ? idx : at[l];
+        }
+    for (int l = 0; l < kBlock; ++l) {
+      r.py[r.row + j + l] = best[l];
+      r.argmax[r.row + j + l] = static_cast<int32_t>(at[l]);
+    }
+  }
+  return j;
+}
+
+// Output j, its window clipped to the image.
+void max_one(const PoolShape& s, const PoolRow& r, int64_t j) {
+  const float* p = r.p;
+  const int64_t w0 = std::max<int64_t>(0, j * s.stride - s.pad);
+  const int64_t w1 = std::min<int64_t>(s.w, j * s.stride - s.pad + s.kernel);
+  int64_t at = r.h0 * s.w + w0;
+  float best = p[at];
+  for (int64_t hi = r.h0; hi < r.h1; ++hi)
+    for (int64_t wi = w0; wi < w1; ++wi) {
+      const float v = p[hi * s.w + wi];
+      // Larger, or the window's first NaN (a NaN maximum then stays: nothing compares above it). Selected
+      // without a branch: which element wins is data-dependent and would mispredict half the time.
+      const bool take = !(v <= best) & (best == best);
+      best = take ? v : best;
+      at = take ? hi * s.w + wi : at;
+    }
+  const int64_t o = r.row + j;
+  r.py[o] = best;
+  r.argmax[o] = static_cast<int32_t>(at);
+}
+
+}  // namespace
+
 void maxpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y, std::span<int32_t> argmax) {
   checks::pool("maxpool2d", s, x, y, std::ssize(argmax), kCpu);
   const int64_t oh = s.out_h(), ow = s.out_w();
@@ -654,105 +765,21 @@ void maxpool2d_forward(const PoolShape& s, const Tensor& x, Tensor& y, std::span
   float* py = y.data_as<float>();
   cpu::parallel_ranges(s.n * s.c, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* p = px + r * s.h * s.w;
       for (int64_t i = 0; i < oh; ++i) {
         // The window's rows and columns inside the image (padding is never the maximum, as in PyTorch).
-        const int64_t h0 = std::max<int64_t>(0, i * s.stride - s.pad);
-        const int64_t h1 = std::min<int64_t>(s.h, i * s.stride - s.pad + s.kernel);
+        const PoolRow row{px + r * s.h * s.w, std::max<int64_t>(0, i * s.stride - s.pad),
+                          std::min<int64_t>(s.h, i * s.stride - s.pad + s.kernel), (r * oh + i) * ow, py,
+                          argmax.data()};
         // Outputs whose window lies inside the image horizontally: j in [j_lo, j_hi).
         const int64_t j_lo = std::min<int64_t>(ow, (s.pad + s.stride - 1) / s.stride);
         const int64_t j_hi = std::max<int64_t>(j_lo, std::min<int64_t>(ow, (s.w + s.pad - s.kernel) / s.stride + 1));
-        const int64_t row = (r * oh + i) * ow;
         int64_t j = j_lo;
 #ifdef __AVX2__
-        // ResNet's max-pool (3x3, stride 2) in AVX2 registers, eight outputs at a time: the columns 2j - pad + b of
-        // the eight windows are the even / odd elements of two 8-float loads (b = 0, 1) and of two loads one pair
-        // further on (b = 2). Each window is scanned in the scalar loops' order (row-major), with their rule (take
-        // v when !(v <= best) and best is not NaN), so values and argmax are theirs bit for bit. The loads reach
-        // column 2j - pad + 17, hence the bound.
-        if (s.kernel == 3 && s.stride == 2) {
-          const auto evens = [](const float* q) {  // q[0], q[2], ..., q[14]
-            const __m256 a = _mm256_loadu_ps(q), b = _mm256_loadu_ps(q + 8);
-            return _mm256_castpd_ps(
-                _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xD8));
-          };
-          const auto odds = [](const float* q) {  // q[1], q[3], ..., q[15]
-            const __m256 a = _mm256_loadu_ps(q), b = _mm256_loadu_ps(q + 8);
-            return _mm256_castpd_ps(
-                _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xD8));
-          };
-          const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-          for (; j + 8 <= j_hi && 2 * j - s.pad + 18 <= s.w; j += 8) {
-            const int64_t base = 2 * j - s.pad;
-            __m256 best = _mm256_setzero_ps();
-            __m256i at = _mm256_setzero_si256();
-            for (int64_t hi = h0; hi < h1; ++hi) {
-              const float* q = p + hi * s.w + base;
-              const __m256 v[3] = {evens(q), odds(q), evens(q + 2)};
-              for (int b = 0; b < 3; ++b) {
-                const __m256i idx =
-                    _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(hi * s.w + base + b)), lane2);
-                if (hi == h0 && b == 0) {
-                  best = v[0];
-                  at = idx;
-                  continue;
-                }
-                const __m256 take = _mm256_and_ps(_mm256_cmp_ps(v[b], best, _CMP_NLE_UQ),
-                                                  _mm256_cmp_ps(best, best, _CMP_EQ_OQ));
-                best = _mm256_blendv_ps(best, v[b], take);
-                at = _mm256_castps_si256(
-                    _mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(idx), take));
-              }
-            }
-            _mm256_storeu_ps(py + row + j, best);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(argmax.data() + row + j), at);
-          }
-        }
+        if (s.kernel == 3 && s.stride == 2) j = max_row_3x3s2_avx2(s, row, j, j_hi);
 #endif
-        // Eight outputs at a time, each window scanned in the same (row-major) order as below: eight independent
-        // compare-select chains instead of one serial chain per window.
-        constexpr int kBlock = 8;
-        for (; j + kBlock <= j_hi; j += kBlock) {
-          float best[kBlock];
-          int64_t at[kBlock];
-          for (int l = 0; l < kBlock; ++l) {
-            at[l] = h0 * s.w + (j + l) * s.stride - s.pad;
-            best[l] = p[at[l]];
-          }
-          for (int64_t hi = h0; hi < h1; ++hi)
-            for (int64_t b = 0; b < s.kernel; ++b)
-              for (int l = 0; l < kBlock; ++l) {
-                const int64_t idx = hi * s.w + (j + l) * s.stride - s.pad + b;
-                const float v = p[idx];
-                const bool take = !(v <= best[l]) & (best[l] == best[l]);
-                best[l] = take ? v : best[l];
-                at[l] = take ? idx : at[l];
-              }
-          for (int l = 0; l < kBlock; ++l) {
-            py[row + j + l] = best[l];
-            argmax[static_cast<size_t>(row + j + l)] = static_cast<int32_t>(at[l]);
-          }
-        }
-        auto one = [&](int64_t j) {
-          const int64_t w0 = std::max<int64_t>(0, j * s.stride - s.pad);
-          const int64_t w1 = std::min<int64_t>(s.w, j * s.stride - s.pad + s.kernel);
-          int64_t at = h0 * s.w + w0;
-          float best = p[at];
-          for (int64_t hi = h0; hi < h1; ++hi)
-            for (int64_t wi = w0; wi < w1; ++wi) {
-              const float v = p[hi * s.w + wi];
-              // Larger, or the window's first NaN (a NaN maximum then stays: nothing compares above it). Selected
-              // without a branch: which element wins is data-dependent and would mispredict half the time.
-              const bool take = !(v <= best) & (best == best);
-              best = take ? v : best;
-              at = take ? hi * s.w + wi : at;
-            }
-          const int64_t o = row + j;
-          py[o] = best;
-          argmax[static_cast<size_t>(o)] = static_cast<int32_t>(at);
-        };
-        for (int64_t jj = 0; jj < j_lo; ++jj) one(jj);
-        for (; j < ow; ++j) one(j);
+        j = max_row_blocks(s, row, j, j_hi);
+        for (int64_t jj = 0; jj < j_lo; ++jj) max_one(s, row, jj);
+        for (; j < ow; ++j) max_one(s, row, j);
       }
     }
   });
