@@ -98,9 +98,9 @@ int main(int argc, char** argv) {
     ampdist::validate_config(cfg, "custom_model");
 
     ampdist::DatasetPair data = ampdist::load_datasets(cfg.data(), cfg.train().seed());
-    const ampdist::Autocast autocast(ampdist::resolve_dtype(cfg.precision().dtype(), ampdist::Device::kCPU));
+    const ampdist::Autocast autocast = ampdist::make_autocast(cfg, comm.device());
     auto model = std::make_unique<TwoBranchNet>(data.train->feature_dim(), 64, data.train->classes(), autocast);
-    ampdist::Trainer trainer(cfg, comm, std::move(model), std::make_unique<ampdist::SoftmaxCrossEntropy>(),
+    ampdist::Trainer trainer(cfg, comm, autocast, std::move(model), std::make_unique<ampdist::SoftmaxCrossEntropy>(),
                              data.train, data.test);
     ampdist::LoopOptions opt;
     opt.out = comm.rank() == 0 ? &std::cout : nullptr;

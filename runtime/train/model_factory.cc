@@ -35,12 +35,16 @@ void check_init_from(const RunConfig& cfg) {
   const PretrainedSource source(cfg.model().init_from(), flat_layout(params), &cfg.model().gpt());
 }
 
+Autocast make_autocast(const RunConfig& cfg, Device device) {
+  const DType working = resolve_dtype(cfg.precision().dtype(), device,
+                                      device == Device::kCUDA && device::properties(device::current_device()).bf16);
+  return Autocast(working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
+}
+
 ModelParts build_model_parts(const RunConfig& cfg, Communicator& comm) {
   const Device dev = comm.device();
-  ModelParts m;
-  m.working = resolve_dtype(cfg.precision().dtype(), dev,
-                            dev == Device::kCUDA && device::properties(device::current_device()).bf16);
-  const Autocast autocast(m.working, to_set(cfg.precision().fp32_layers()), to_ops(cfg.precision().fp32_ops()));
+  ModelParts m{make_autocast(cfg, dev)};
+  const Autocast& autocast = m.autocast;
   if (cfg.model().has_gpt()) {
     // Language model: windows of the token data; evaluation is the validation loss in nats per token.
     const GptConfig& g = cfg.model().gpt();
@@ -75,7 +79,7 @@ MemoryEstimate ModelParts::estimate(const RunConfig& cfg, int world_size) const 
   model->collect_parameters(params);
   int64_t numel = 0;
   for (const Parameter* p : params) numel += p->numel();
-  return estimate_memory(cfg, *model, numel, {train->feature_dim()}, working, world_size);
+  return estimate_memory(cfg, *model, numel, {train->feature_dim()}, autocast.working(), world_size);
 }
 
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) {
@@ -83,7 +87,8 @@ std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, Communicator& comm) 
   // Before the trainer allocates anything of the model's size: refuse a run that cannot fit.
   check_memory_fits(m.estimate(cfg, comm.world_size()), memory_budget(comm.device(), comm.local_size()), cfg,
                     comm.world_size());
-  return std::make_unique<Trainer>(cfg, comm, std::move(m.model), std::move(m.criterion), m.train, m.test);
+  return std::make_unique<Trainer>(cfg, comm, m.autocast, std::move(m.model), std::move(m.criterion), m.train,
+                                   m.test);
 }
 
 }  // namespace ampdist

@@ -13,7 +13,7 @@
 
 namespace ampdist {
 
-Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Module> model,
+Trainer::Trainer(const RunConfig& cfg, Communicator& comm, const Autocast& autocast, std::unique_ptr<Module> model,
                  std::unique_ptr<Criterion> criterion, std::shared_ptr<const Dataset> train,
                  std::shared_ptr<const Dataset> test)
     : cfg_(cfg),
@@ -24,8 +24,7 @@ Trainer::Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Modul
       train_(std::move(train)),
       test_(std::move(test)),
       consensus_(comm) {
-  const DType working = resolve_dtype(cfg_.precision().dtype(), device_,
-                                      device_ == Device::kCUDA && device::properties(device::current_device()).bf16);
+  const DType working = autocast.working();
   exec_.allow_tf32 = device_ == Device::kCUDA && cfg_.precision().allow_tf32();
   // By default the node's cores shared by its ranks, and never more than the CPUs this rank may run on: a rank that
   // mpirun bound to one core gets one thread, not a team that would take turns on that core.

@@ -80,10 +80,11 @@ std::atomic<bool>& stop_request();
 
 class Trainer {
  public:
-  // model/criterion: the network and its loss. train/test: datasets (test may be null; train may be null when only
-  // the explicit step() is used). The config supplies precision, optimizer, comm, data and seed settings.
+  // autocast: the policy the model was built with (make_autocast); its working dtype is the run's. model/criterion:
+  // the network and its loss. train/test: datasets (test may be null; train may be null when only the explicit
+  // step() is used). The config supplies precision, optimizer, comm, data and seed settings.
   // Throws Error (bad input) for a config that cannot run on this world size.
-  Trainer(const RunConfig& cfg, Communicator& comm, std::unique_ptr<Module> model,
+  Trainer(const RunConfig& cfg, Communicator& comm, const Autocast& autocast, std::unique_ptr<Module> model,
           std::unique_ptr<Criterion> criterion, std::shared_ptr<const Dataset> train,
           std::shared_ptr<const Dataset> test);
   ~Trainer();
@@ -233,14 +234,20 @@ class Trainer {
 // What a config describes, built but not allocated: its datasets (data {...}), its model (model {...}; parameters
 // not yet bound) with its loss, and the working dtype (train/model_factory.cc).
 struct ModelParts {
+  explicit ModelParts(Autocast a) : autocast(std::move(a)) {}
+  Autocast autocast;  // make_autocast: the working dtype, decided once for the run
   std::unique_ptr<Module> model;
   std::unique_ptr<Criterion> criterion;
   std::shared_ptr<const Dataset> train, test;
-  DType working = DType::kFloat32;
   // The memory this model needs per rank on `world_size` ranks (runtime/train/memory_estimate.h).
   MemoryEstimate estimate(const RunConfig& cfg, int world_size) const;
 };
 ModelParts build_model_parts(const RunConfig& cfg, Communicator& comm);
+
+// The run's autocast policy: the working dtype decided once for `device` (precision.dtype; AUTO takes bf16 where the
+// device computes in it, runtime/train/config.h's resolve_dtype) with the config's FP32 layers and ops. The model
+// is built with it and the Trainer given it, so both run in the one dtype it names.
+Autocast make_autocast(const RunConfig& cfg, Device device);
 
 // The trainer of a config: build_model_parts, then (check_memory_fits: bad input, exit 2, before anything of the
 // model's size is allocated) a run that cannot fit in the memory this rank may use is refused.

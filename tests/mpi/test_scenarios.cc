@@ -324,10 +324,10 @@ TEST(SkippedStepLeavesAdamW, OverflowFirstThenTwoCleanAdamWSteps) {
 TEST(Fp32LossReduction, LargeVocabularyLossUnderFp16NeitherOverflowsNorSkips) {
   MpiCommunicator comm(MPI_COMM_WORLD, testing::kTimeoutS);
   const int64_t vocab = 14749, targets = 20500, features = 4;
-  const Autocast ac(DType::kFloat16);
+  const RunConfig cfg = config(R"(optimizer { sgd {} lr: 0.1 } precision { dtype: FP16 })");
+  const Autocast ac = make_autocast(cfg, comm.device());
   auto model = std::make_unique<Linear>("head", features, vocab, true, ac);
-  Trainer t(config(R"(optimizer { sgd {} lr: 0.1 } precision { dtype: FP16 })"), comm, std::move(model),
-            std::make_unique<SoftmaxCrossEntropy>(), nullptr, nullptr);
+  Trainer t(cfg, comm, ac, std::move(model), std::make_unique<SoftmaxCrossEntropy>(), nullptr, nullptr);
   // All weights 0: every logit is exactly 0 and the loss of every sample is ln(vocab).
   std::memset(t.masters().master().data(), 0, t.masters().master().nbytes());
   const std::vector<int64_t> counts = shard_counts(targets, comm.world_size());

@@ -67,9 +67,9 @@ inline MicroBatch batch(const std::vector<std::vector<float>>& rows, int64_t fea
 // A trainer over a single Linear layer without bias (in -> out), for the explicit-step scenarios.
 inline std::unique_ptr<Trainer> linear_trainer(const RunConfig& cfg, Communicator& comm, int64_t in, int64_t out,
                                                std::unique_ptr<Criterion> loss = std::make_unique<SumLoss>()) {
-  const Autocast ac(resolve_dtype(cfg.precision().dtype(), comm.device()));
+  const Autocast ac = make_autocast(cfg, comm.device());
   auto model = std::make_unique<Linear>("w", in, out, /*bias=*/false, ac);
-  return std::make_unique<Trainer>(cfg, comm, std::move(model), std::move(loss), nullptr, nullptr);
+  return std::make_unique<Trainer>(cfg, comm, ac, std::move(model), std::move(loss), nullptr, nullptr);
 }
 
 // The bytes of a tensor on either device.
