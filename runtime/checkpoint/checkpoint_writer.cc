@@ -204,7 +204,9 @@ GatheredShards gather_shards(RankGroup ranks, const SaveTarget& t, const ShardWr
     if (errnos[r] == 0) continue;
     ++failed;
     if (who.empty())
-      who = "rank " + std::to_string(r) + " could not write its shard: " + std::strerror(static_cast<int>(errnos[r]));
+      who = "rank " + std::to_string(r) + " could not write its shard (" +
+            (fs::path(t.tmp).filename() / shard_name(r, world)).string() +
+            "): " + std::strerror(static_cast<int>(errnos[r]));
   }
   GatheredShards g;
   g.bytes = ranks.gather(static_cast<uint64_t>(mine.bytes), "checkpoint shard sizes");

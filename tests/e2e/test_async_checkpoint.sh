@@ -96,7 +96,7 @@ for policy in CONTINUE STOP; do
   if [ "$policy" = CONTINUE ]; then
     [ $rc -eq 0 ] && [ "$intact" = yes ] && [ ! -e "$ck/step_00000050" ] && [ ! -e "$ck/.tmp_step_00000050" ] &&
       [ -d "$ck/step_00000075" ] && [ "$(grep -c '^warning: checkpoint' "$out")" -eq 1 ] &&
-      grep -q "^warning: checkpoint .*step_00000050 not saved: rank 1 could not write its shard: No space left on device" "$out" &&
+      grep -q "^warning: checkpoint .*step_00000050 not saved: rank 1 could not write its shard (.tmp_step_00000050/shard_00001_of_00002.pb): No space left on device" "$out" &&
       ok "disk full during a background write, CONTINUE: one warning, step 25 intact, step 75 saved" ||
       { not_ok "async disk full CONTINUE" "exit $rc, intact '$intact': $(ls -a "$ck" | tr '\n' ' ')"; show "$out"; }
   else

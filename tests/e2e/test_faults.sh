@@ -103,7 +103,7 @@ for policy in CONTINUE STOP; do
   intact=$("$AMPDIST" ckpt verify "$ck/step_00000025" > /dev/null 2>&1 && echo yes)
   if [ "$policy" = CONTINUE ]; then
     [ $rc -eq 0 ] && [ "$intact" = yes ] && [ ! -e "$ck/step_00000050" ] && [ ! -e "$ck/.tmp_step_00000050" ] &&
-      [ -d "$ck/step_00000075" ] && grep -q "^warning: checkpoint .*step_00000050 not saved: rank 1 could not write its shard: No space left on device" "$TMP/save_$policy.txt" &&
+      [ -d "$ck/step_00000075" ] && grep -q "^warning: checkpoint .*step_00000050 not saved: rank 1 could not write its shard (.tmp_step_00000050/shard_00001_of_00002.pb): No space left on device" "$TMP/save_$policy.txt" &&
       ok "disk full during a save, CONTINUE: warned, step 25 intact, training finished" ||
       not_ok "save error CONTINUE" "exit $rc, intact '$intact': $(ls -a "$ck" | tr '\n' ' ') $(grep warning "$TMP/save_$policy.txt")"
   else
