@@ -146,19 +146,25 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     map_ = nullptr;
     throw BadInput(path, std::string("cannot map: ") + std::strerror(errno));
   }
-  const auto* bytes = static_cast<const unsigned char*>(map_);
-  uint64_t n = 0;
-  const json header = parse_safetensors_header(path, bytes, size_, n);
-  std::vector<std::pair<uint64_t, uint64_t>> spans;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") continue;
-    tensors_.push_back(parse_safetensors_entry(path, it.key(), it.value(), bytes + 8 + n, size_ - 8 - n, n, size_,
-                                               spans.emplace_back()));
+  try {
+    const auto* bytes = static_cast<const unsigned char*>(map_);
+    uint64_t n = 0;
+    const json header = parse_safetensors_header(path, bytes, size_, n);
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      tensors_.push_back(parse_safetensors_entry(path, it.key(), it.value(), bytes + 8 + n, size_ - 8 - n, n, size_,
+                                                 spans.emplace_back()));
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i)
+      if (spans[i].first < spans[i - 1].second)
+        throw BadInput(path, "not a valid safetensors file: two tensors' data_offsets overlap");
+  } catch (...) {
+    ::munmap(map_, size_);  // a refused file: no destructor runs for a constructor that throws
+    map_ = nullptr;
+    throw;
   }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (spans[i].first < spans[i - 1].second)
-      throw BadInput(path, "not a valid safetensors file: two tensors' data_offsets overlap");
   std::sort(tensors_.begin(), tensors_.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.name < b.name; });
 }
