@@ -3,7 +3,8 @@
 // GEMMs by input dtype show the cost of the tensor-core contract on the CPU (exact conversion to FP32, sgemm,
 // one rounding); the passes over flat buffers are memory-bound and read as bytes/s. The machine's own limits are
 // measured beside them, on one thread like the kernels: BM_Sgemm (oneDNN's f32 matmul called directly, what the
-// GEMM wrapper calls) and BM_MemoryCopy (memcpy, counted as bytes read + written, as STREAM's copy counts).
+// GEMM wrapper calls) and BM_MemoryCopy (memcpy, counted as bytes read + written, as STREAM's copy counts). Every
+// benchmark runs on one thread: main() holds a one-thread kernels::ExecScope around the whole run.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <benchmark/benchmark.h>
 
@@ -26,11 +27,8 @@ Tensor filled(const ampdist::Shape& shape, DType dtype, float value) {
   return t;
 }
 
-const ampdist::kernels::ExecContext kOneThread{1, false};  // single-thread rates: the engine, not the team
-
 void BM_Gemm(benchmark::State& state, DType dtype) {
   const int64_t n = state.range(0);
-  const ampdist::kernels::ExecScope one_thread(kOneThread);
   Tensor a = filled({n, n}, dtype, 0.01f), b = filled({n, n}, dtype, 0.02f);
   Tensor c = Tensor::empty({n, n}, dtype);
   for (auto _ : state) ampdist::kernels::gemm(a, false, b, true, c);
@@ -42,7 +40,6 @@ BENCHMARK_CAPTURE(BM_Gemm, bf16, DType::kBFloat16)->Arg(256)->Arg(512);
 
 // The main job's largest GEMM, fc1 forward: [128, 784] x [512, 784]^T, at the sizes a 1-rank step runs it.
 void BM_GemmMainJobFc1(benchmark::State& state, DType dtype) {
-  const ampdist::kernels::ExecScope one_thread(kOneThread);
   Tensor x = filled({128, 784}, dtype, 0.01f), w = filled({512, 784}, dtype, 0.02f);
   Tensor y = Tensor::empty({128, 512}, dtype);
   for (auto _ : state) ampdist::kernels::gemm(x, false, w, true, y);
@@ -56,7 +53,6 @@ BENCHMARK_CAPTURE(BM_GemmMainJobFc1, bf16, DType::kBFloat16);
 // oneDNN's f32 matmul on FP32 buffers through its own API (no wrapper): the engine's rate, the GEMM's limit.
 void BM_Sgemm(benchmark::State& state) {
   const int64_t n = state.range(0);
-  const ampdist::kernels::ExecScope one_thread(kOneThread);
   std::vector<float> a(static_cast<size_t>(n) * n, 0.01f), b(a.size(), 0.02f), c(a.size());
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream s(eng);
@@ -151,4 +147,12 @@ BENCHMARK_CAPTURE(BM_AdamW, bf16_then_cast, WorkingCopy::kSeparateCast)->Arg(1 <
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  const ampdist::kernels::ExecContext one_thread{1, false};  // single-thread rates: the engine, not a team
+  const ampdist::kernels::ExecScope scope(one_thread);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -158,7 +158,10 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
   }
   const double step_s = median(window_s) / args.steps;
 
-  // ---- the mixed-precision machinery, each call alone
+  // ---- the mixed-precision machinery, each call alone, and the GEMM rate below: the kernels called here directly run
+  // with the trainer's threads, as its step does (the trainer opens its own scope only inside its methods)
+  const kernels::ExecContext trainer_threads{trainer->threads(), false};
+  const kernels::ExecScope scope(trainer_threads);
   std::vector<double> t_cast, t_unscale, t_consensus, t_scaler;
   MasterWeights& masters = trainer->masters();
   LossScaler scaler_copy = trainer->scaler();
@@ -237,7 +240,7 @@ int run(const Args& args, ampdist::MpiCommunicator& comm) {
     j["config"] = args.config;
     j["precision"] = dtype_name(working);
     j["world_size"] = comm.world_size();
-    j["threads_per_rank"] = kernels::num_threads();
+    j["threads_per_rank"] = trainer->threads();
     j["global_batch"] = global_batch;
     j["micro_batch"] = micro;
     j["params"] = numel;

@@ -248,7 +248,11 @@ ExecScope::ExecScope(const ExecContext& ctx) : outer_(g_current), outer_threads_
 
 ExecScope::~ExecScope() {
   g_current = outer_;
+#if defined(AMPDIST_ENGINE_SINGLE_THREAD)
+  omp_set_num_threads(1);  // one thread everywhere in this build, also after a scope opened before ThreadState's
+#else
   omp_set_num_threads(outer_threads_);
+#endif
 }
 
 int num_threads() { return omp_get_max_threads(); }
