@@ -28,6 +28,20 @@ namespace pbio = google::protobuf::io;
 
 namespace {
 
+std::string manifest_file(const std::string& path) { return (fs::path(path) / "manifest.pb").string(); }
+
+// Rank r's slice length of a flat buffer of `numel` elements over `world` ranks (world >= 1), as
+// shard_counts(numel, world)[r], computed per rank: world comes from the file, and a vector of `world` counts would
+// allocate whatever the file says.
+int64_t slice_count(int64_t numel, int world, int r) { return numel / world + (r < numel % world ? 1 : 0); }
+
+// The line when the manifest does not list one shard per rank of its world.
+std::optional<std::string> shard_count_problem(const std::string& path, const Manifest& m) {
+  if (m.shards_size() == m.world_size()) return std::nullopt;
+  return manifest_file(path) + ": lists " + std::to_string(m.shards_size()) + " shards for a world of " +
+         std::to_string(m.world_size());
+}
+
 // A manifest copied from another run fails the size and hash checks of shards it never described: when every
 // shard the reader looks at (`reads(s)`) starts with one run id, and not the manifest's, the one line that says what
 // is wrong (the manifest); nullopt otherwise. Each look reads a few hundred bytes, added to *peeked when given.
@@ -46,7 +60,7 @@ std::optional<std::string> foreign_manifest(const std::string& path, const Manif
     all_parse = all_parse && id.has_value();
   }
   if (!all_parse || shard_ids.size() != 1 || *shard_ids.begin() == m.run_id()) return std::nullopt;
-  return (fs::path(path) / "manifest.pb").string() + ": belongs to run " + m.run_id() + ", the shards to run " +
+  return manifest_file(path) + ": belongs to run " + m.run_id() + ", the shards to run " +
          *shard_ids.begin() + " (a manifest from another run?)";
 }
 
@@ -69,7 +83,7 @@ bool size_buffers(const std::string& path, const Manifest& m, std::map<std::stri
   }
   if (m.numel() > held / static_cast<int64_t>(sizeof(float)) / std::max<int64_t>(1, std::ssize(buffers))) {
     if (sizes_ok)
-      p.add((fs::path(path) / "manifest.pb").string() + ": numel " + std::to_string(m.numel()) + " in " +
+      p.add(manifest_file(path) + ": numel " + std::to_string(m.numel()) + " in " +
             std::to_string(buffers.size()) + " buffer(s) is more than the shard files hold (" + std::to_string(held) +
             " bytes)");
     return false;
@@ -200,13 +214,8 @@ void read_shard(const std::string& file, const ShardFileInfo& info, ShardRecordP
 void read_shards(const std::string& path, const Manifest& m, std::map<std::string, std::vector<float>>* buffers,
                  Problems& p) {
   const int world = m.world_size();
-  // Rank r's slice length, as shard_counts(numel, world)[r], computed per rank: world comes from the file, and a
-  // vector of `world` counts would allocate whatever the file says.
-  const int64_t slices = std::max(world, 1), numel = m.numel();
-  auto slice_count = [&](int r) -> int64_t { return numel / slices + (r < numel % slices ? 1 : 0); };
-  if (m.shards_size() != world)
-    p.add((fs::path(path) / "manifest.pb").string() + ": lists " + std::to_string(m.shards_size()) +
-          " shards for a world of " + std::to_string(world));
+  const int64_t numel = m.numel();
+  if (const auto problem = shard_count_problem(path, m)) p.add(*problem);
   if (const auto foreign = foreign_manifest(path, m, [](int) { return true; })) return p.add(*foreign);
   const size_t lines_before = p.lines.size();
   const bool copy = buffers != nullptr && size_buffers(path, m, *buffers, p);
@@ -216,14 +225,14 @@ void read_shards(const std::string& path, const Manifest& m, std::map<std::strin
   for (int r = 0; r < m.shards_size(); ++r) {
     const ShardFileInfo& info = m.shards(r);
     const std::string file = (fs::path(path) / info.file()).string();
-    const int64_t slice_begin = begin, slice_end = begin + (r < world ? slice_count(r) : 0);
+    const int64_t slice_begin = begin, slice_end = begin + (r < world ? slice_count(numel, world, r) : 0);
     begin = slice_end;
     if (!shard_file_ok(file, info, p)) continue;
     ShardRecordParser parser(file, info, m.run_id(), r, slice_begin, slice_end, covered, copy ? buffers : nullptr);
     read_shard(file, info, parser, p);
   }
   if (buffers && !copy && p.lines.empty())  // not expected: a shard whose size was off is named above
-    p.add((fs::path(path) / "manifest.pb").string() + ": numel " + std::to_string(numel) +
+    p.add(manifest_file(path) + ": numel " + std::to_string(numel) +
           " is more than the shard files hold");
   for (const std::string& b : m.buffers())
     if (p.lines.empty() && covered[b] != m.numel())
@@ -273,21 +282,18 @@ class RangeReader {
       : path_(path), m_(m), tb_(tb), te_(te), buffers_(buffers), p_(p), stats_(stats) {}
 
   void read() {
+    if (const auto problem = shard_count_problem(path_, m_)) return p_.add(*problem);
     const int world = m_.world_size();
-    if (m_.shards_size() != world)
-      return p_.add(manifest_file() + ": lists " + std::to_string(m_.shards_size()) + " shards for a world of " +
-                    std::to_string(world));
     const int64_t numel = m_.numel();
-    auto slice_count = [&](int s) { return numel / world + (s < numel % world ? 1 : 0); };
     auto overlaps = [&](int s) {
       int64_t b = 0;
-      for (int r = 0; r < s; ++r) b += slice_count(r);
-      return std::max(b, tb_) < std::min(b + slice_count(s), te_);
+      for (int r = 0; r < s; ++r) b += slice_count(numel, world, r);
+      return std::max(b, tb_) < std::min(b + slice_count(numel, world, s), te_);
     };
     if (const auto foreign = foreign_manifest(path_, m_, overlaps, &stats_.bytes_read)) return p_.add(*foreign);
     int64_t begin = 0;
     for (int s = 0; s < world && p_.lines.empty(); ++s) {
-      const int64_t count = slice_count(s);
+      const int64_t count = slice_count(numel, world, s);
       if (std::max(begin, tb_) < std::min(begin + count, te_)) read_shard(m_.shards(s), begin, count);
       begin += count;
     }
@@ -305,8 +311,6 @@ class RangeReader {
     RecordFields rec;  // its offset and count checked against the record index
   };
 
-  std::string manifest_file() const { return (fs::path(path_) / "manifest.pb").string(); }
-
   // The shard of rank slice [shard_begin, shard_begin + count): first the fields of every wanted record (small
   // reads), checked; then their payloads in one stream.
   void read_shard(const ShardFileInfo& info, int64_t shard_begin, int64_t count) {
@@ -318,7 +322,7 @@ class RangeReader {
     for (int64_t b : info.record_bytes()) total += b;
     if (info.record_bytes_size() != m_.buffers_size() * std::ssize(ranges) ||
         info.records() != info.record_bytes_size() || total != info.bytes())
-      return p_.add(manifest_file() + ": the record index of " + info.file() + " does not match its size or slice");
+      return p_.add(manifest_file(path_) + ": the record index of " + info.file() + " does not match its size or slice");
     const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return p_.add(file + ": cannot be read: " + errno_text());
     const std::vector<Wanted> wanted = wanted_records(fd, file, info, ranges);
@@ -409,7 +413,7 @@ class RangeReader {
 }  // namespace
 
 Manifest read_manifest(const std::string& path) {
-  const std::string file = (fs::path(path) / "manifest.pb").string();
+  const std::string file = manifest_file(path);
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw BadInput(path, "no such checkpoint directory");
   if (!fs::exists(file, ec)) throw BadInput(file, "missing: not a complete checkpoint");
